@@ -1,0 +1,220 @@
+"""Value types of the planner: sharding types, shards, costs, storage and constraints.
+
+All frozen; `Perf` and `Storage` add up with ``+`` so a rank's load is ``sum(shards)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+
+class ShardingType(str, Enum):
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+
+    @property
+    def splits_rows(self) -> bool:
+        return self in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+
+    @property
+    def splits_cols(self) -> bool:
+        return self in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+
+    @property
+    def within_one_host(self) -> bool:
+        return self in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> "ShardingType":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{where}: unknown sharding type {value!r}; choose from {[t.value for t in cls]}") from None
+
+
+# FBGEMM's table-batched kernel with the optimizer fused into backward; data-parallel
+# tables use plain dense weights whose gradients are all-reduced.
+COMPUTE_KERNEL = {t: ("dense" if t is ShardingType.DATA_PARALLEL else "fused") for t in ShardingType}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A block of a table on one rank: rows [row_offset, +num_rows), cols [col_offset, +num_cols)."""
+
+    rank: int
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Predicted time of one shard (or a whole rank) per phase of a training step, in ms.
+
+    input_dist: ids and lengths all-to-all; lookup_fwd/lookup_bwd: FBGEMM kernels (bwd
+    includes the fused optimizer update); output_dist_fwd: embeddings (pooled sums,
+    row-wise partial sums, or per-id rows) back to the sample owners; output_dist_bwd: their
+    gradients the other way; dp_allreduce: gradient all-reduce of data-parallel tables.
+    """
+
+    input_dist_ms: float = 0.0
+    lookup_fwd_ms: float = 0.0
+    output_dist_fwd_ms: float = 0.0
+    output_dist_bwd_ms: float = 0.0
+    lookup_bwd_ms: float = 0.0
+    dp_allreduce_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return (
+            self.input_dist_ms + self.lookup_fwd_ms + self.output_dist_fwd_ms
+            + self.output_dist_bwd_ms + self.lookup_bwd_ms + self.dp_allreduce_ms
+        )
+
+    def __add__(self, other: "Perf") -> "Perf":
+        return Perf(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def to_dict(self) -> dict[str, float]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["total_ms"] = self.total_ms
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, float]) -> "Perf":
+        return cls(**{f.name: float(raw[f.name]) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Bytes one shard (or a whole rank) holds: weights, optimizer state, I/O buffers."""
+
+    weights_bytes: int = 0
+    optimizer_bytes: int = 0
+    io_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.optimizer_bytes + self.io_bytes
+
+    def __add__(self, other: "Storage") -> "Storage":
+        return Storage(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def fits_in(self, cap_bytes: int) -> bool:
+        return self.total_bytes <= cap_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["total_bytes"] = self.total_bytes
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, int]) -> "Storage":
+        return cls(**{f.name: int(raw[f.name]) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """Cost of one shard of a candidate layout (placement-independent)."""
+
+    num_rows: int
+    row_offset: int
+    num_cols: int
+    col_offset: int
+    perf: Perf
+    storage: Storage
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to shard a table: a type, its shards' sizes and costs, not yet on ranks.
+
+    A data-parallel candidate has a single entry in `shards` that every rank pays.
+    """
+
+    table: str
+    sharding_type: ShardingType
+    shards: tuple[ShardCost, ...]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def label(self) -> str:
+        short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
+                 "table_row_wise": "TWRW", "table_column_wise": "TWCW"}[self.sharding_type.value]
+        return short if self.num_shards == 1 else f"{short}{self.num_shards}"
+
+
+@dataclass(frozen=True)
+class TableConstraint:
+    """Per-table restrictions: allowed sharding types and the ranks its shards may use."""
+
+    sharding_types: tuple[ShardingType, ...] = tuple(ShardingType)
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Per-table constraints and groups of tables to keep together (table-wise on one rank)."""
+
+    tables: Mapping[str, TableConstraint] = field(default_factory=dict)
+    keep_together: tuple[tuple[str, ...], ...] = ()
+
+    def for_table(self, name: str) -> TableConstraint:
+        return self.tables.get(name, TableConstraint())
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None, table_names: Sequence[str], world_size: int,
+                  where: str = "constraints") -> "Constraints":
+        """Parse ``{tables: {NAME: {sharding_types: [...], ranks: [...]}}, keep_together: [[A, B]]}``."""
+        if not raw:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping with 'tables' and/or 'keep_together'")
+        unknown = sorted(set(raw) - {"tables", "keep_together"})
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: 'tables', 'keep_together'")
+        known = set(table_names)
+        per_table: dict[str, TableConstraint] = {}
+        for name, c in (raw.get("tables") or {}).items():
+            w = f"{where}.tables.{name}"
+            if name not in known:
+                raise ValueError(f"{w}: no table named {name!r}; constraints must name tables from the tables list")
+            c = c or {}
+            bad = sorted(set(c) - {"sharding_types", "ranks"})
+            if bad:
+                raise ValueError(f"{w}: unknown key(s) {bad}; allowed: 'sharding_types', 'ranks'")
+            types = tuple(ShardingType.parse(t, f"{w}.sharding_types[{i}]") for i, t in enumerate(c.get("sharding_types") or [t.value for t in ShardingType]))
+            ranks = c.get("ranks")
+            if ranks is not None:
+                ranks = tuple(ranks)
+                for i, r in enumerate(ranks):
+                    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world_size:
+                        raise ValueError(f"{w}.ranks[{i}]: rank {r!r} does not exist; ranks are 0..{world_size - 1}")
+                if not ranks:
+                    raise ValueError(f"{w}.ranks: empty; list at least one rank or drop the key")
+            per_table[name] = TableConstraint(types, ranks)
+        groups = []
+        for i, group in enumerate(raw.get("keep_together") or []):
+            group = tuple(group)
+            for name in group:
+                if name not in known:
+                    raise ValueError(f"{where}.keep_together[{i}]: no table named {name!r}")
+            if len(group) < 2:
+                raise ValueError(f"{where}.keep_together[{i}]: a group needs at least two tables, got {list(group)}")
+            groups.append(group)
+        seen: dict[str, int] = {}
+        for i, group in enumerate(groups):
+            for name in group:
+                if name in seen:
+                    raise ValueError(f"{where}.keep_together[{i}]: table {name!r} is already in group {seen[name]}; merge the groups")
+                seen[name] = i
+        return cls(per_table, tuple(groups))

@@ -1,0 +1,169 @@
+"""Embedding table specs: what the planner and runtime know about each table.
+
+A table spec is a frozen value built from YAML/dicts with `TableSpec.from_dict`, which
+rejects bad input with the field's path (``tables[3].num_embeddings: ...``).
+`load_tables_file(path)` reads ``configs/tables/NAME.yaml`` style files: a top-level
+``tables:`` list and an optional ``topology:`` block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2}
+
+# Optimizer state kept per row (bytes), as a function of the row width in elements.
+# Optimizer state is always fp32, whatever the weights' dtype.
+OPTIMIZER_STATE_FLOATS_PER_ROW = {
+    "sgd": lambda dim: 0,
+    "adagrad": lambda dim: dim,
+    "rowwise_adagrad": lambda dim: 1,
+    "adam": lambda dim: 2 * dim,
+}
+
+TABLE_KEYS = (
+    "name",
+    "num_embeddings",
+    "embedding_dim",
+    "pooling_factor",
+    "pooled",
+    "feature_names",
+    "dtype",
+    "optimizer",
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table.
+
+    pooling_factor: mean number of ids per sample for each of the table's features.
+    pooled: True for a summed bag (EmbeddingBag, one vector per sample and feature),
+      False for a sequence table (one vector per id, jagged output).
+    feature_names: features that look up this table; defaults to ``(name,)``.
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float = 1.0
+    pooled: bool = True
+    feature_names: tuple[str, ...] = ()
+    dtype: str = "fp32"
+    optimizer: str = "rowwise_adagrad"
+
+    def __post_init__(self) -> None:
+        if not self.feature_names:
+            object.__setattr__(self, "feature_names", (self.name,))
+        else:
+            object.__setattr__(self, "feature_names", tuple(self.feature_names))
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def num_features(self) -> int:
+        return len(self.feature_names)
+
+    def optimizer_state_bytes_per_row(self, num_cols: int) -> int:
+        return 4 * OPTIMIZER_STATE_FLOATS_PER_ROW[self.optimizer](num_cols)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["feature_names"] = list(self.feature_names)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "table") -> "TableSpec":
+        """Validate one table mapping; errors name ``where.field`` and how to fix it."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping with keys {list(TABLE_KEYS)}, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(TABLE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed keys are {list(TABLE_KEYS)}")
+        for key in ("name", "num_embeddings", "embedding_dim"):
+            if key not in raw:
+                raise ValueError(f"{where}.{key}: missing; every table needs name, num_embeddings and embedding_dim")
+        name = raw["name"]
+        if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ValueError(f"{where}.name: must be a non-empty string of letters, digits, '_', '-', '.', got {name!r}")
+        where = f"{where} ({name})"
+        num_embeddings = _positive_int(raw["num_embeddings"], f"{where}.num_embeddings")
+        embedding_dim = _positive_int(raw["embedding_dim"], f"{where}.embedding_dim")
+        pooling_factor = raw.get("pooling_factor", 1.0)
+        if isinstance(pooling_factor, bool) or not isinstance(pooling_factor, (int, float)) or not math.isfinite(pooling_factor) or pooling_factor <= 0:
+            raise ValueError(f"{where}.pooling_factor: must be a positive number (mean ids per sample), got {pooling_factor!r}")
+        pooled = raw.get("pooled", True)
+        if not isinstance(pooled, bool):
+            raise ValueError(f"{where}.pooled: must be true (summed bag) or false (sequence), got {pooled!r}")
+        features = raw.get("feature_names") or [name]
+        if isinstance(features, str) or not isinstance(features, Sequence) or not all(isinstance(f, str) and f for f in features):
+            raise ValueError(f"{where}.feature_names: must be a list of non-empty strings, got {features!r}")
+        if len(set(features)) != len(features):
+            raise ValueError(f"{where}.feature_names: duplicates in {list(features)}")
+        dtype = raw.get("dtype", "fp32")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"{where}.dtype: must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+        optimizer = raw.get("optimizer", "rowwise_adagrad")
+        if optimizer not in OPTIMIZER_STATE_FLOATS_PER_ROW:
+            raise ValueError(f"{where}.optimizer: must be one of {sorted(OPTIMIZER_STATE_FLOATS_PER_ROW)}, got {optimizer!r}")
+        return cls(
+            name=name,
+            num_embeddings=num_embeddings,
+            embedding_dim=embedding_dim,
+            pooling_factor=float(pooling_factor),
+            pooled=pooled,
+            feature_names=tuple(features),
+            dtype=dtype,
+            optimizer=optimizer,
+        )
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{where}: must be a positive integer, got {value!r}")
+    return value
+
+
+def tables_from_list(raw: Any, where: str = "tables") -> tuple[TableSpec, ...]:
+    """Validate a list of table mappings: each table, then unique names and feature names."""
+    if isinstance(raw, Mapping) or isinstance(raw, str) or not isinstance(raw, Sequence):
+        raise ValueError(f"{where}: expected a list of tables, got {type(raw).__name__}")
+    if not raw:
+        raise ValueError(f"{where}: the list is empty; give at least one table")
+    tables = tuple(TableSpec.from_dict(t, f"{where}[{i}]") for i, t in enumerate(raw))
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tables):
+        if t.name in seen:
+            raise ValueError(f"{where}[{i}].name: duplicate table name {t.name!r} (also {where}[{seen[t.name]}]); names must be unique")
+        seen[t.name] = i
+    owner: dict[str, str] = {}
+    for i, t in enumerate(tables):
+        for f in t.feature_names:
+            if f in owner:
+                raise ValueError(f"{where}[{i}].feature_names: feature {f!r} already looks up table {owner[f]!r}; a feature reads one table")
+            owner[f] = t.name
+    return tables
+
+
+def load_tables_file(path: str | Path) -> tuple[tuple[TableSpec, ...], dict[str, Any] | None]:
+    """Read a tables YAML file: returns the tables and its ``topology:`` block (or None)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read tables file ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, Mapping) or "tables" not in raw:
+        raise ValueError(f"{path}: expected a top-level 'tables:' list (and optionally 'topology:')")
+    extra = sorted(set(raw) - {"tables", "topology"})
+    if extra:
+        raise ValueError(f"{path}: unknown top-level key(s) {extra}; a tables file holds 'tables:' and optionally 'topology:'")
+    return tables_from_list(raw["tables"], f"{path}: tables"), raw.get("topology")
