@@ -1,0 +1,152 @@
+"""Human-readable views of a ShardingPlan: a per-rank table, a summary and a PNG chart.
+
+Pure functions of the plan: nothing here plans, prints or changes global state
+(the chart uses matplotlib's object API with the Agg canvas, not pyplot).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import fields
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich import box
+from rich.table import Table
+
+from embshard.planner.plan import ShardingPlan
+from embshard.planner.types import Perf, ShardingType, Storage
+from embshard.topology import GIB
+
+# (Perf field, column header, chart legend), in the order a step runs them.
+PHASES = (
+    ("input_dist_ms", "in dist", "input dist"),
+    ("lookup_fwd_ms", "lkp fwd", "lookup fwd"),
+    ("output_dist_fwd_ms", "out fwd", "output dist fwd"),
+    ("output_dist_bwd_ms", "out bwd", "output dist bwd"),
+    ("lookup_bwd_ms", "lkp bwd", "lookup bwd + optimizer"),
+    ("dp_allreduce_ms", "dp ar", "data-parallel all-reduce"),
+)
+assert [p[0] for p in PHASES] == [f.name for f in fields(Perf)]
+MEMORY_PARTS = (("weights_bytes", "weights"), ("optimizer_bytes", "optimizer state"), ("io_bytes", "I/O buffers"))
+assert [p[0] for p in MEMORY_PARTS] == [f.name for f in fields(Storage)]
+
+
+def shards_per_rank(plan: ShardingPlan) -> list[int]:
+    """Number of table shards each rank holds (a data-parallel table counts on every rank)."""
+    counts = [0] * plan.topology.world_size
+    for t in plan.tables:
+        for s in t.shards:
+            counts[s.rank] += 1
+    return counts
+
+
+def rank_table(plan: ShardingPlan, max_ranks: int = 64) -> Table:
+    """Per-rank memory and predicted ms by phase, slowest rank first.
+
+    With more than `max_ranks` ranks, lists the `max_ranks - 1` slowest and the fastest.
+    """
+    if max_ranks < 2:
+        raise ValueError(f"max_ranks: must be at least 2 (the slowest and the fastest rank), got {max_ranks}")
+    topo = plan.topology
+    cap_bytes = topo.shard_memory_cap_bytes
+    mean_ms = sum(r.perf.total_ms for r in plan.ranks) / len(plan.ranks)
+    shards = shards_per_rank(plan)
+    order = sorted(plan.ranks, key=lambda r: (-r.perf.total_ms, r.rank))
+    shown = order if len(order) <= max_ranks else order[: max_ranks - 1] + order[-1:]
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Predicted per-rank load (ms per step), slowest first")
+    table.add_column("rank", justify="right")
+    table.add_column("host", justify="right")
+    table.add_column("shards", justify="right")
+    table.add_column(f"mem GiB / {cap_bytes / GIB:.1f}", justify="right")
+    table.add_column("mem %", justify="right")
+    for _, header, _ in PHASES:
+        table.add_column(header, justify="right")
+    table.add_column("total ms", justify="right")
+    table.add_column("/ mean", justify="right")
+    for i, r in enumerate(shown):
+        if len(shown) < len(order) and i == len(shown) - 1:
+            table.add_row("…", *[""] * (len(table.columns) - 1), style="dim")
+        used = r.storage.total_bytes
+        table.add_row(
+            str(r.rank),
+            str(topo.host_of(r.rank)),
+            str(shards[r.rank]),
+            f"{used / GIB:.2f}",
+            f"{100 * used / cap_bytes:.0f}",
+            *(f"{getattr(r.perf, name):.3f}" for name, _, _ in PHASES),
+            f"{r.perf.total_ms:.3f}",
+            f"{r.perf.total_ms / mean_ms:.2f}" if mean_ms > 0 else "-",
+            style="red" if used > cap_bytes else ("bold" if i == 0 else None),
+        )
+    if len(shown) < len(order):
+        table.caption = f"{max_ranks - 1} slowest and the fastest of {len(order)} ranks; all ranks are in the plan JSON and chart"
+    return table
+
+
+def sharding_type_counts(plan: ShardingPlan) -> dict[str, int]:
+    """Tables per sharding type, in ShardingType order, types with no tables left out."""
+    counts = Counter(t.sharding_type for t in plan.tables)
+    return {st.value: counts[st] for st in ShardingType if counts[st]}
+
+
+def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
+    """A few lines: problem size, objective vs lower bound, memory, sharding types, search."""
+    topo = plan.topology
+    totals = [r.perf.total_ms for r in plan.ranks]
+    slowest = max(plan.ranks, key=lambda r: r.perf.total_ms)
+    fullest = max(plan.ranks, key=lambda r: r.storage.total_bytes)
+    cap_bytes = topo.shard_memory_cap_bytes
+    lines = [
+        f"tables: {len(plan.specs)} on {topo.world_size} ranks ({topo.num_hosts} hosts x {topo.local_world_size}, {topo.device}), "
+        f"{topo.hbm_gib:g} GiB per rank of which {cap_bytes / GIB:.1f} GiB for embeddings, batch {topo.batch_size_per_rank} per rank",
+        f"objective: {plan.max_rank_ms:.3f} ms (slowest rank {slowest.rank}); lower bound {plan.lower_bound_ms:.3f} ms; "
+        f"gap {100 * plan.gap:.1f}%; imbalance {plan.imbalance:.3f} (max/mean, mean {sum(totals) / len(totals):.3f} ms)",
+        f"memory: max {fullest.storage.total_bytes / GIB:.2f} of {cap_bytes / GIB:.2f} GiB (rank {fullest.rank}); "
+        f"all ranks {sum(r.storage.total_bytes for r in plan.ranks) / GIB:.2f} GiB",
+        "sharding: " + ", ".join(f"{name} {n}" for name, n in sharding_type_counts(plan).items())
+        + f" ({sum(len(t.shards) for t in plan.tables)} shards)",
+    ]
+    search = ", ".join(f"{k}={v}" for k, v in plan.search.items())
+    timing = f"planning {planning_s:.2f} s" if planning_s is not None else ""
+    if search or timing:
+        lines.append("search: " + "; ".join(x for x in (timing, search) if x))
+    return "\n".join(lines)
+
+
+def save_chart(plan: ShardingPlan, path: str | Path) -> None:
+    """PNG with per-rank predicted ms stacked by phase (top) and memory vs the cap (bottom)."""
+    ranks = [r.rank for r in plan.ranks]
+    width = 0.8 if len(ranks) <= 64 else 1.0
+    fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * len(ranks))), 7.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    load_ax, mem_ax = fig.subplots(2, 1, sharex=True)
+
+    bottom = [0.0] * len(ranks)
+    for name, _, label in PHASES:
+        values = [getattr(r.perf, name) for r in plan.ranks]
+        if any(values):
+            load_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    load_ax.axhline(plan.lower_bound_ms, color="black", linestyle="--", linewidth=1, label=f"lower bound {plan.lower_bound_ms:.3f} ms")
+    load_ax.set_ylabel("predicted ms per step")
+    load_ax.set_title(f"objective {plan.max_rank_ms:.3f} ms, gap {100 * plan.gap:.1f}%, imbalance {plan.imbalance:.3f}")
+    load_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+
+    bottom = [0.0] * len(ranks)
+    for name, label in MEMORY_PARTS:
+        values = [getattr(r.storage, name) / GIB for r in plan.ranks]
+        if not any(values):
+            continue
+        mem_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    cap_gib = plan.topology.shard_memory_cap_bytes / GIB
+    mem_ax.axhline(cap_gib, color="red", linestyle="--", linewidth=1, label=f"cap {cap_gib:.1f} GiB")
+    mem_ax.set_ylabel("GiB per rank")
+    mem_ax.set_xlabel("rank")
+    mem_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
