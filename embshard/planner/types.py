@@ -133,14 +133,20 @@ class ShardCost:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to shard a table: a type, its shards' sizes and costs, not yet on ranks.
+    """One way to shard a table, not yet on ranks.
 
-    A data-parallel candidate has a single entry in `shards` that every rank pays.
+    shards: the blocks a holder rank pays for (empty for data_parallel).
+    requester: all-to-all time every rank pays as the owner of its own samples.
+    every_rank / every_rank_storage: what every rank pays regardless of placement
+      (a data-parallel replica, or the buffers for its own samples' outputs).
     """
 
     table: str
     sharding_type: ShardingType
     shards: tuple[ShardCost, ...]
+    requester: Perf
+    every_rank: Perf
+    every_rank_storage: Storage
 
     @property
     def num_shards(self) -> int:
@@ -150,7 +156,7 @@ class Candidate:
     def label(self) -> str:
         short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
                  "table_row_wise": "TWRW", "table_column_wise": "TWCW"}[self.sharding_type.value]
-        return short if self.num_shards == 1 else f"{short}{self.num_shards}"
+        return short if self.num_shards <= 1 else f"{short}{self.num_shards}"
 
 
 @dataclass(frozen=True)

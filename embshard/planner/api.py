@@ -1,0 +1,202 @@
+"""Planner entry points: `plan` searches, `evaluate` and `manual_plan` cost a given layout.
+
+    from embshard.planner import plan
+    p = plan(specs, Topology(world_size=64, local_world_size=8, hbm_gib=16))
+    p.save("plan.json")
+
+Every plan's per-rank report comes from `evaluate`, so a searched plan, a hand-made one and
+one imported from TorchRec are scored by exactly the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
+from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
+from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
+from embshard.planner.search.bound import lower_bound_ms
+from embshard.planner.search.greedy import Unplaceable, default_order, greedy
+from embshard.planner.search.local import local_search
+from embshard.planner.search.problem import Problem, RankState, build_problem
+from embshard.planner.splits import col_splits, row_splits
+from embshard.planner.types import COMPUTE_KERNEL, Constraints, Perf, Shard, ShardingType, Storage
+from embshard.specs import TableSpec
+from embshard.topology import GIB, Topology
+
+
+class PlanInfeasibleError(ValueError):
+    """The tables cannot fit the topology's memory; the message says which and what would fix it."""
+
+
+def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
+         time_budget_s: float = 10.0, use_ilp: bool = True, seed: int = 0) -> ShardingPlan:
+    """Search a placement minimising the slowest rank's predicted step time under memory caps."""
+    t0 = time.perf_counter()
+    specs = tuple(specs)
+    constraints = constraints or Constraints()
+    _check_constraint_names(specs, constraints)
+    problem = build_problem(specs, topology, constraints)
+    check_memory(problem)
+    bound = lower_bound_ms(problem)
+    deadline = t0 + time_budget_s
+    try:
+        state = greedy(problem, default_order(problem))
+    except Unplaceable as e:
+        raise PlanInfeasibleError(_fragmentation_message(problem, e.unit_index)) from None
+    steps = local_search(state, deadline)
+    method = f"greedy+local_search({steps} steps)"
+    if use_ilp:
+        from embshard.planner.search.ilp import improve_with_ilp  # scipy MILP, only for small problems
+        improved, ilp_bound, note = improve_with_ilp(problem, state, deadline, seed=seed)
+        if improved is not None:
+            state = improved
+        bound = max(bound, ilp_bound)
+        method += f"+{note}"
+    placements = placements_of(problem, state)
+    search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s}
+    return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search)
+
+
+def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
+             constraints: Constraints | None = None, *, lower_bound: float | None = None,
+             search: Mapping | None = None) -> ShardingPlan:
+    """Cost a placement with embshard's model: per-rank perf by phase, memory, lower bound."""
+    specs = tuple(specs)
+    constraints = constraints or Constraints()
+    validate_placements(placements, specs, topology, "placements")
+    by_name = {s.name: s for s in specs}
+    W = topology.world_size
+    held, requester, every = [Perf()] * W, Perf(), Perf()
+    storage, every_storage = [Storage()] * W, Storage()
+    for t in placements:
+        spec = by_name[t.name]
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            every = every + data_parallel_perf(spec, topology)
+            every_storage = every_storage + data_parallel_storage(spec, topology)
+            continue
+        k = len(t.shards)
+        requester = requester + requester_perf(spec, topology, t.sharding_type, k)
+        every_storage = every_storage + requester_storage(spec, topology)
+        for s in t.shards:
+            held[s.rank] = held[s.rank] + holder_perf(spec, topology, t.sharding_type, s.num_rows, s.num_cols, k)
+            storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols)
+    ranks = tuple(RankReport(r, _rank_perf(held[r], requester, every), storage[r] + every_storage) for r in range(W))
+    if lower_bound is None:
+        problem = build_problem(specs, topology, constraints)
+        check_memory(problem)
+        lower_bound = lower_bound_ms(problem)
+    return ShardingPlan(
+        tables=tuple(placements), specs=specs, topology=topology, ranks=ranks, lower_bound_ms=lower_bound,
+        input_hash=input_hash(specs, topology, repr(constraints)), search=dict(search or {"method": "evaluated"}),
+    )
+
+
+def _rank_perf(held: Perf, requester: Perf, every: Perf) -> Perf:
+    """All-to-all phases take the larger of the holder and requester sides (full duplex)."""
+    return Perf(
+        input_dist_ms=max(held.input_dist_ms, requester.input_dist_ms),
+        lookup_fwd_ms=held.lookup_fwd_ms + every.lookup_fwd_ms,
+        output_dist_fwd_ms=max(held.output_dist_fwd_ms, requester.output_dist_fwd_ms),
+        output_dist_bwd_ms=max(held.output_dist_bwd_ms, requester.output_dist_bwd_ms),
+        lookup_bwd_ms=held.lookup_bwd_ms + every.lookup_bwd_ms,
+        dp_allreduce_ms=held.dp_allreduce_ms + every.dp_allreduce_ms,
+    )
+
+
+def manual_plan(specs: Sequence[TableSpec], topology: Topology,
+                layout: Mapping[str, tuple[ShardingType | str, Sequence[int]]]) -> ShardingPlan:
+    """A plan from a hand-made layout: table -> (sharding type, ranks in shard order).
+
+    Rows and columns are cut as the planner cuts them (embshard.planner.splits); a
+    data-parallel table's ranks are ignored (it lives on every rank).
+    """
+    specs = tuple(specs)
+    missing = sorted({s.name for s in specs} - set(layout))
+    if missing:
+        raise ValueError(f"layout: no entry for table(s) {missing}; give every table (type, ranks)")
+    placements = []
+    for spec in specs:
+        raw_type, ranks = layout[spec.name]
+        stype = ShardingType.parse(raw_type if isinstance(raw_type, str) else raw_type.value, f"layout.{spec.name}")
+        placements.append(placement_for(spec, topology, stype, tuple(ranks)))
+    return evaluate(specs, topology, placements)
+
+
+def placement_for(spec: TableSpec, topology: Topology, stype: ShardingType, ranks: tuple[int, ...]) -> TablePlacement:
+    N, D = spec.num_embeddings, spec.embedding_dim
+    if stype is ShardingType.DATA_PARALLEL:
+        shards = tuple(Shard(r, 0, N, 0, D) for r in range(topology.world_size))
+    elif stype.splits_rows:
+        spans = row_splits(N, len(ranks))
+        if spans is None:
+            raise ValueError(f"layout.{spec.name}: {N} rows cannot be cut into {len(ranks)} non-empty row blocks of ceil(rows/k); use fewer ranks")
+        shards = tuple(Shard(r, ro, n, 0, D) for r, (ro, n) in zip(ranks, spans))
+    elif stype.splits_cols:
+        spans = col_splits(D, len(ranks))
+        if spans is None:
+            raise ValueError(f"layout.{spec.name}: dim {D} cannot be cut into {len(ranks)} column blocks of multiples of 4")
+        shards = tuple(Shard(r, 0, N, co, d) for r, (co, d) in zip(ranks, spans))
+    else:
+        if len(ranks) != 1:
+            raise ValueError(f"layout.{spec.name}: table_wise takes exactly one rank, got {list(ranks)}")
+        shards = (Shard(ranks[0], 0, N, 0, D),)
+    return TablePlacement(spec.name, stype, COMPUTE_KERNEL[stype], shards)
+
+
+def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
+    out = []
+    for ui, unit in enumerate(problem.units):
+        ci, ranks = state.choice[ui]
+        cv = unit.cands[ci]
+        for table, cand in zip(unit.tables, cv.cand):
+            if cv.data_parallel:
+                shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
+            else:
+                shards = tuple(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols) for r, s in zip(ranks, cand.shards))
+            out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
+    return out
+
+
+def _check_constraint_names(specs: tuple[TableSpec, ...], constraints: Constraints) -> None:
+    names = {s.name for s in specs}
+    for n in list(constraints.tables) + [n for g in constraints.keep_together for n in g]:
+        if n not in names:
+            raise ValueError(f"constraints: no table named {n!r}; constraints must name tables from the tables list")
+
+
+def check_memory(problem: Problem) -> None:
+    """Raise PlanInfeasibleError naming tables that cannot fit, by how much, and fixes."""
+    topo, cap = problem.topo, problem.cap_bytes
+    too_big = []
+    for unit in problem.units:
+        need = min(max(cv.shard_mem, default=0) + cv.every_mem for cv in unit.cands)
+        if need > cap:
+            best = min(unit.cands, key=lambda cv: max(cv.shard_mem, default=0) + cv.every_mem)
+            too_big.append(f"{unit.name} needs {need / GIB:.2f} GiB on one rank even as {best.label} "
+                           f"({(need - cap) / GIB:.2f} GiB over)")
+    if too_big:
+        raise PlanInfeasibleError(
+            f"infeasible: {len(too_big)} table(s) cannot fit a rank's {cap / GIB:.2f} GiB shard budget "
+            f"(hbm_gib={topo.hbm_gib:g} minus {topo.reserved_fraction:.0%} reserved): {'; '.join(too_big[:5])}"
+            f"{' ...' if len(too_big) > 5 else ''}. Fix: raise topology.hbm_gib, add ranks, allow row_wise/column_wise "
+            f"for these tables, use dtype fp16, or a lighter optimizer (sgd/rowwise_adagrad)")
+    W = topo.world_size
+    total = sum(min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units)
+    if total > W * cap:
+        biggest = sorted(problem.units, key=lambda u: -min(sum(cv.shard_mem) for cv in u.cands))[:3]
+        need_gib = total / W / GIB / (1 - topo.reserved_fraction)
+        raise PlanInfeasibleError(
+            f"infeasible: the tables need {total / GIB:.1f} GiB in all but {W} ranks x {cap / GIB:.2f} GiB = "
+            f"{W * cap / GIB:.1f} GiB are available ({(total - W * cap) / GIB:.1f} GiB short; largest: "
+            f"{', '.join(u.name for u in biggest)}). Fix: topology.hbm_gib >= {need_gib:.1f}, more ranks, fp16 tables, "
+            f"or a lighter optimizer")
+
+
+def _fragmentation_message(problem: Problem, unit_index: int) -> str:
+    unit = problem.units[unit_index]
+    cap = problem.cap_bytes
+    return (f"infeasible: no rank has room left for {unit.name} in any allowed layout after placing larger tables "
+            f"(per-rank shard budget {cap / GIB:.2f} GiB). Fix: raise topology.hbm_gib, add ranks, or allow "
+            f"row_wise for {unit.name}")

@@ -1,0 +1,91 @@
+"""Enumerate candidate shardings of each table: type x number of shards, with their costs.
+
+Shard counts: powers of two up to the limit, plus the limit itself (world size for
+row-wise, the host size for table_row_wise/table_column_wise, columns/4 for column splits),
+restricted by pinned ranks. Host-bound types are offered only on multi-host topologies
+(on one host they equal row_wise/column_wise) unless they are the only allowed type.
+"""
+
+from __future__ import annotations
+
+from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
+from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
+from embshard.planner.splits import col_splits, row_splits
+from embshard.planner.types import Candidate, Perf, ShardCost, ShardingType, TableConstraint
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+
+def _counts(limit: int) -> list[int]:
+    counts, k = [], 2
+    while k < limit:
+        counts.append(k)
+        k *= 2
+    if limit >= 2:
+        counts.append(limit)
+    return counts
+
+
+def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Candidate | None:
+    """The candidate for one type and shard count, or None if the table cannot be cut so."""
+    if stype is ShardingType.DATA_PARALLEL:
+        return Candidate(spec.name, stype, (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
+    full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
+    if stype.splits_rows:
+        rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols
+    elif stype.splits_cols:
+        rows, cols = full_rows, col_splits(spec.embedding_dim, num_shards)
+    else:
+        assert num_shards == 1
+        rows, cols = full_rows, full_cols
+    if rows is None or cols is None:
+        return None
+    shards = tuple(
+        ShardCost(
+            num_rows=n, row_offset=ro, num_cols=d, col_offset=co,
+            perf=holder_perf(spec, topo, stype, n, d, num_shards),
+            storage=holder_storage(spec, topo, stype, n, d),
+        )
+        for ro, n in rows
+        for co, d in cols
+    )
+    return Candidate(spec.name, stype, shards, requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
+
+
+def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint) -> list[Candidate]:
+    allowed = set(constraint.sharding_types)
+    ranks = constraint.ranks if constraint.ranks is not None else tuple(range(topo.world_size))
+    per_host: dict[int, int] = {}
+    for r in ranks:
+        per_host[topo.host_of(r)] = per_host.get(topo.host_of(r), 0) + 1
+    in_host_limit = max(per_host.values())
+    multi_host = topo.num_hosts > 1
+    host_types_needed = not (allowed - {ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE})
+    specs: list[tuple[ShardingType, int]] = []
+    for stype in ShardingType:
+        if stype not in allowed:
+            continue
+        if stype is ShardingType.DATA_PARALLEL:
+            if constraint.ranks is None:
+                specs.append((stype, 1))
+        elif stype is ShardingType.TABLE_WISE:
+            specs.append((stype, 1))
+        elif stype is ShardingType.ROW_WISE:
+            specs += [(stype, k) for k in _counts(len(ranks))]
+        elif stype is ShardingType.COLUMN_WISE:
+            specs += [(stype, k) for k in _counts(min(len(ranks), spec.embedding_dim // 4))]
+        elif multi_host or host_types_needed:
+            limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
+            specs += [(stype, k) for k in _counts(limit)]
+    return [c for stype, k in specs if (c := candidate(spec, topo, stype, k)) is not None]
+
+
+def min_storage_per_rank(cand: Candidate) -> int:
+    """Bytes the candidate's largest shard needs on one rank (plus its every-rank part)."""
+    biggest = max((s.storage.total_bytes for s in cand.shards), default=0)
+    return biggest + cand.every_rank_storage.total_bytes
+
+
+def total_storage(cand: Candidate, world_size: int) -> int:
+    return sum(s.storage.total_bytes for s in cand.shards) + world_size * cand.every_rank_storage.total_bytes
+

@@ -1,0 +1,145 @@
+"""Local search on the slowest rank: move a shard, swap two shards, or re-shard a table.
+
+Each accepted step takes the slowest rank below the old maximum without lifting any rank
+to it, so the sorted vector of rank times decreases and the search terminates. Moves and
+swaps touch two ranks; re-sharding (split a hot table further, merge it back, or switch
+its type) removes the table and places the other candidate greedily, and is accepted when
+the maximum drops or fewer ranks sit at it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from embshard.planner.search.greedy import place
+from embshard.planner.search.problem import RankState
+
+EPS = 1e-9
+NEAREST_RANKS = 24  # ranks (cheapest first) tried as destinations per shard
+
+
+def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
+    """May shard si of unit ui live on dst instead of src?"""
+    if ui in state.held[dst]:
+        return False
+    unit = state.problem.units[ui]
+    if dst not in unit.ranks:
+        return False
+    ci, _ = state.choice[ui]
+    if unit.cands[ci].host_bound:
+        topo = state.problem.topo
+        return topo.host_of(src) == topo.host_of(dst)
+    return True
+
+
+def _try_move_or_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
+    cmax = costs[r]
+    units = state.problem.units
+    best = None  # (value, kind, payload)
+    for ui, si in list(state.held[r].items()):
+        cv = units[ui].cands[state.choice[ui][0]]
+        v, m = cv.shard_vec[si], cv.shard_mem[si]
+        new_r = state.cost_with(r, v, -1)
+        if new_r >= cmax - EPS:
+            continue
+        tried = 0
+        for q in by_cost:
+            if tried >= NEAREST_RANKS:
+                break
+            if q == r or not _allowed(state, ui, si, r, q):
+                continue
+            tried += 1
+            if state.fits(q, m):
+                val = max(new_r, state.cost_with(q, v, 1))
+                if val < cmax - EPS and (best is None or val < best[0]):
+                    best = (val, "move", (ui, si, q))
+            # swap with a smaller shard on q
+            for uj, sj in state.held[q].items():
+                cw = units[uj].cands[state.choice[uj][0]]
+                w, mw = cw.shard_vec[sj], cw.shard_mem[sj]
+                if cw.shard_cost[sj] >= cv.shard_cost[si] or not _allowed(state, uj, sj, q, r):
+                    continue
+                if state.mem[q] - mw + m + state.UM > state.problem.cap_bytes or state.mem[r] - m + mw + state.UM > state.problem.cap_bytes:
+                    continue
+                nr = _cost_delta(state, r, v, w)
+                nq = _cost_delta(state, q, w, v)
+                val = max(nr, nq)
+                if val < cmax - EPS and (best is None or val < best[0]):
+                    best = (val, "swap", (ui, si, q, uj, sj))
+    if best is None:
+        return False
+    if best[1] == "move":
+        ui, si, q = best[2]
+        state.move_shard(ui, si, r, q)
+    else:
+        ui, si, q, uj, sj = best[2]
+        state.move_shard(ui, si, r, q)
+        state.move_shard(uj, sj, q, r)
+    return True
+
+
+def _cost_delta(state: RankState, r: int, out_vec, in_vec) -> float:
+    h, u = state.H[r], state.U
+    return (max(h[0] - out_vec[0] + in_vec[0], u[0]) + max(h[1] - out_vec[1] + in_vec[1], u[1])
+            + max(h[2] - out_vec[2] + in_vec[2], u[2]) + h[3] - out_vec[3] + in_vec[3] + state.E)
+
+
+def _potential(costs: list[float], level: float) -> tuple[float, int]:
+    m = max(costs)
+    return m, sum(1 for c in costs if c >= level - EPS)
+
+
+def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
+    """Units worth re-sharding for rank r: its hottest shards, data-parallel units (every
+    rank holds them) and the units with the largest requester-side traffic (every rank pays it)."""
+    units = state.problem.units
+    hot = sorted(state.held[r], key=lambda ui: -units[ui].cands[state.choice[ui][0]].shard_cost[state.held[r][ui]])[:max_units]
+    chosen = [(ui, units[ui].cands[ch[0]]) for ui, ch in enumerate(state.choice)]
+    dp = [ui for ui, cv in chosen if cv.data_parallel]
+    dp.sort(key=lambda ui: -units[ui].cands[state.choice[ui][0]].every_ms)
+    req = sorted((ui for ui, cv in chosen if not cv.data_parallel), key=lambda ui: -sum(units[ui].cands[state.choice[ui][0]].req_vec))
+    out, seen = [], set()
+    for ui in hot + dp[:max_units] + req[:max_units]:
+        if ui not in seen:
+            seen.add(ui)
+            out.append(ui)
+    return out
+
+
+def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 8) -> bool:
+    units = state.problem.units
+    cmax = costs[r]
+    before = _potential(costs, cmax)
+    for ui in _reshard_targets(state, r, max_units):
+        old = state.remove(ui)
+        base = state.costs()
+        by_cost = sorted(units[ui].ranks, key=base.__getitem__)
+        best = None
+        for ci, cv in enumerate(units[ui].cands):
+            pick = place(state, units[ui], cv, by_cost)
+            if pick is None:
+                continue
+            state.add(ui, ci, pick)
+            after = _potential(state.costs(), cmax)
+            state.remove(ui)
+            if after < before and (best is None or after < best[0]):
+                best = (after, ci, pick)
+        if best is not None:
+            state.add(ui, best[1], best[2])
+            return True
+        state.add(ui, old[0], old[1])
+    return False
+
+
+def local_search(state: RankState, deadline: float, max_steps: int = 100_000) -> int:
+    """Improve the state in place until no step helps or the deadline; returns steps taken."""
+    steps = 0
+    while steps < max_steps and time.perf_counter() < deadline:
+        costs = state.costs()
+        r = max(range(len(costs)), key=costs.__getitem__)
+        by_cost = sorted(range(len(costs)), key=costs.__getitem__)
+        if _try_move_or_swap(state, r, costs, by_cost) or _try_reshard(state, r, costs):
+            steps += 1
+            continue
+        break
+    return steps

@@ -1,0 +1,190 @@
+"""The search's view of a planning problem: units, candidate vectors and the rank state.
+
+A *unit* is what the search places: one table, or a keep_together group of tables placed
+table-wise on one rank. Each candidate is flattened to plain floats for speed:
+shard vector (input, output fwd, output bwd, compute) in ms, shard bytes, the requester
+vector every rank pays on its all-to-all phases, the every-rank compute and bytes.
+
+A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E  over the three
+all-to-all phases p, where H sums the shards it holds, U the requester side of every
+table and E the every-rank (data-parallel) compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embshard.planner.enumerate import candidate, enumerate_candidates
+from embshard.planner.types import Candidate, Constraints, Perf, ShardCost, ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+
+def perf_vector(p: Perf) -> tuple[float, float, float, float]:
+    return (p.input_dist_ms, p.output_dist_fwd_ms, p.output_dist_bwd_ms, p.lookup_fwd_ms + p.lookup_bwd_ms + p.dp_allreduce_ms)
+
+
+@dataclass(frozen=True)
+class CandVec:
+    cand: tuple[Candidate, ...]  # one per member table of the unit (same type and count)
+    shard_vec: tuple[tuple[float, float, float, float], ...]
+    shard_cost: tuple[float, ...]  # sum of the shard's vector (its standalone time)
+    shard_mem: tuple[int, ...]
+    req_vec: tuple[float, float, float]
+    every_ms: float
+    every_mem: int
+    host_bound: bool
+    data_parallel: bool
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_vec)
+
+    @property
+    def label(self) -> str:
+        return self.cand[0].label
+
+    @property
+    def work_ms(self) -> float:
+        """Lower bound of the total rank-time this candidate adds across all ranks (holder side)."""
+        return sum(self.shard_cost)
+
+
+def _combine(cands: list[Candidate]) -> CandVec:
+    """Flatten one candidate per member table (members of a unit are placed shard-aligned)."""
+    k = cands[0].num_shards
+    assert all(c.num_shards == k and c.sharding_type is cands[0].sharding_type for c in cands)
+    vecs, mems = [], []
+    for i in range(k):
+        v = [0.0, 0.0, 0.0, 0.0]
+        mem = 0
+        for c in cands:
+            sv = perf_vector(c.shards[i].perf)
+            v = [a + b for a, b in zip(v, sv)]
+            mem += c.shards[i].storage.total_bytes
+        vecs.append(tuple(v))
+        mems.append(mem)
+    req = [0.0, 0.0, 0.0]
+    every_ms, every_mem = 0.0, 0
+    for c in cands:
+        rv = perf_vector(c.requester)
+        req = [a + b for a, b in zip(req, rv[:3])]
+        every_ms += c.every_rank.total_ms
+        every_mem += c.every_rank_storage.total_bytes
+    st = cands[0].sharding_type
+    return CandVec(tuple(cands), tuple(vecs), tuple(sum(v) for v in vecs), tuple(mems), tuple(req),
+                   every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL)
+
+
+@dataclass(frozen=True)
+class Unit:
+    tables: tuple[TableSpec, ...]
+    cands: tuple[CandVec, ...]
+    ranks: tuple[int, ...]  # ranks its shards may use
+
+    @property
+    def name(self) -> str:
+        return "+".join(t.name for t in self.tables)
+
+
+@dataclass(frozen=True)
+class Problem:
+    topo: Topology
+    units: tuple[Unit, ...]
+    cap_bytes: int
+
+
+def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> Problem:
+    by_name = {s.name: s for s in specs}
+    grouped = {n for g in constraints.keep_together for n in g}
+    members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
+    units = []
+    all_ranks = set(range(topo.world_size))
+    for tables in members:
+        ranks = set(all_ranks)
+        for t in tables:
+            pinned = constraints.for_table(t.name).ranks
+            if pinned is not None:
+                ranks &= set(pinned)
+        if not ranks:
+            raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
+        if len(tables) == 1:
+            cands = tuple(_combine([c]) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name)))
+        else:
+            for t in tables:
+                if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
+                    raise ValueError(f"constraints.keep_together: {t.name!r} is kept together with others (placed table_wise on one rank) but its sharding_types exclude table_wise")
+            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables]),)
+        if not cands:
+            raise ValueError(f"constraints.tables.{tables[0].name}: no sharding of this table satisfies its constraints "
+                             f"(allowed types {[s.value for s in constraints.for_table(tables[0].name).sharding_types]}); allow more types or ranks")
+        units.append(Unit(tables, cands, tuple(sorted(ranks))))
+    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes)
+
+
+class RankState:
+    """Mutable placement state used inside the search (never leaves it)."""
+
+    def __init__(self, problem: Problem) -> None:
+        W = problem.topo.world_size
+        self.problem = problem
+        self.H = [[0.0, 0.0, 0.0, 0.0] for _ in range(W)]
+        self.mem = [0] * W
+        self.U = [0.0, 0.0, 0.0]
+        self.E = 0.0
+        self.UM = 0
+        self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
+        self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
+
+    def cost(self, r: int) -> float:
+        h, u = self.H[r], self.U
+        return max(h[0], u[0]) + max(h[1], u[1]) + max(h[2], u[2]) + h[3] + self.E
+
+    def cost_with(self, r: int, vec: tuple[float, ...], sign: float) -> float:
+        h, u = self.H[r], self.U
+        return (max(h[0] + sign * vec[0], u[0]) + max(h[1] + sign * vec[1], u[1])
+                + max(h[2] + sign * vec[2], u[2]) + h[3] + sign * vec[3] + self.E)
+
+    def costs(self) -> list[float]:
+        return [self.cost(r) for r in range(len(self.H))]
+
+    def fits(self, r: int, extra_bytes: int) -> bool:
+        return self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
+
+    def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
+        cv = self.problem.units[ui].cands[ci]
+        for i, r in enumerate(ranks):
+            h, v = self.H[r], cv.shard_vec[i]
+            for p in range(4):
+                h[p] += sign * v[p]
+            self.mem[r] += sign * cv.shard_mem[i]
+            if sign > 0:
+                self.held[r][ui] = i
+            else:
+                del self.held[r][ui]
+        for p in range(3):
+            self.U[p] += sign * cv.req_vec[p]
+        self.E += sign * cv.every_ms
+        self.UM += sign * cv.every_mem
+        self.choice[ui] = (ci, ranks) if sign > 0 else None
+
+    def remove(self, ui: int) -> tuple[int, tuple[int, ...]]:
+        choice = self.choice[ui]
+        assert choice is not None
+        self.add(ui, choice[0], choice[1], -1)
+        return choice
+
+    def move_shard(self, ui: int, shard: int, src: int, dst: int) -> None:
+        ci, ranks = self.choice[ui]
+        cv = self.problem.units[ui].cands[ci]
+        v, m = cv.shard_vec[shard], cv.shard_mem[shard]
+        for p in range(4):
+            self.H[src][p] -= v[p]
+            self.H[dst][p] += v[p]
+        self.mem[src] -= m
+        self.mem[dst] += m
+        del self.held[src][ui]
+        self.held[dst][ui] = shard
+        new_ranks = list(ranks)
+        new_ranks[shard] = dst
+        self.choice[ui] = (ci, tuple(new_ranks))
