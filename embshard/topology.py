@@ -45,6 +45,8 @@ class Topology:
     inter_host_gb_per_s: float = 0.0
 
     def __post_init__(self) -> None:
+        for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s"):
+            object.__setattr__(self, key, float(getattr(self, key)))
         for key, value in DEVICE_DEFAULTS.get(self.device, {}).items():
             if getattr(self, key) == 0.0:
                 object.__setattr__(self, key, value)
@@ -112,9 +114,4 @@ class Topology:
                 f"{where}.world_size: {world} is not a multiple of local_world_size {local}; "
                 f"use a whole number of hosts, e.g. world_size={max(local, world - world % local)}"
             )
-        values = {k: raw[k] for k in raw}
-        values["local_world_size"] = local
-        for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s"):
-            if key in values:
-                values[key] = float(values[key])
-        return cls(**values)
+        return cls(**{**raw, "local_world_size": local})

@@ -17,7 +17,7 @@ from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requeste
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
-from embshard.planner.search.greedy import Unplaceable, default_order, greedy
+from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
 from embshard.planner.search.local import local_search
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
@@ -41,12 +41,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     check_memory(problem)
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
-    try:
-        state = greedy(problem, default_order(problem))
-    except Unplaceable as e:
-        raise PlanInfeasibleError(_fragmentation_message(problem, e.unit_index)) from None
-    steps = local_search(state, deadline)
-    method = f"greedy+local_search({steps} steps)"
+    state, method = _best_start(problem, deadline)
     if use_ilp:
         from embshard.planner.search.ilp import improve_with_ilp  # scipy MILP, only for small problems
         improved, ilp_bound, note = improve_with_ilp(problem, state, deadline, seed=seed)
@@ -57,6 +52,30 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s}
     return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search)
+
+
+def _best_start(problem: Problem, deadline: float) -> tuple[RankState, str]:
+    """Greedy + local search from two starts (plain, and replicate-first); keep the faster plan."""
+    order = default_order(problem)
+    best, best_obj, method, failure = None, float("inf"), "", None
+    starts = [("greedy", None)]
+    replicate = replication_prepass(problem)
+    if replicate:
+        starts.append(("replicate-first greedy", replicate))
+    for i, (name, replicate) in enumerate(starts):
+        try:
+            state = greedy(problem, order, replicate)
+        except Unplaceable as e:
+            failure = e
+            continue
+        now = time.perf_counter()
+        steps = local_search(state, now + (deadline - now) / (len(starts) - i))
+        obj = max(state.costs())
+        if obj < best_obj:
+            best, best_obj, method = state, obj, f"{name}+local_search({steps} steps)"
+    if best is None:
+        raise PlanInfeasibleError(_fragmentation_message(problem, failure.unit_index))
+    return best, method
 
 
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
@@ -154,7 +173,7 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
             if cv.data_parallel:
                 shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
             else:
-                shards = tuple(Shard(r, s.row_offset, s.num_rows, s.col_offset, s.num_cols) for r, s in zip(ranks, cand.shards))
+                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))
             out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
     return out
 
@@ -168,7 +187,7 @@ def _check_constraint_names(specs: tuple[TableSpec, ...], constraints: Constrain
 
 def check_memory(problem: Problem) -> None:
     """Raise PlanInfeasibleError naming tables that cannot fit, by how much, and fixes."""
-    topo, cap = problem.topo, problem.cap_bytes
+    topo, cap = problem.topo, problem.free_bytes
     too_big = []
     for unit in problem.units:
         need = min(max(cv.shard_mem, default=0) + cv.every_mem for cv in unit.cands)
@@ -179,7 +198,7 @@ def check_memory(problem: Problem) -> None:
     if too_big:
         raise PlanInfeasibleError(
             f"infeasible: {len(too_big)} table(s) cannot fit a rank's {cap / GIB:.2f} GiB shard budget "
-            f"(hbm_gib={topo.hbm_gib:g} minus {topo.reserved_fraction:.0%} reserved): {'; '.join(too_big[:5])}"
+            f"(hbm_gib={topo.hbm_gib:g} minus {topo.reserved_fraction:.0%} reserved and {problem.base_mem / GIB:.2f} GiB of output buffers): {'; '.join(too_big[:5])}"
             f"{' ...' if len(too_big) > 5 else ''}. Fix: raise topology.hbm_gib, add ranks, allow row_wise/column_wise "
             f"for these tables, use dtype fp16, or a lighter optimizer (sgd/rowwise_adagrad)")
     W = topo.world_size

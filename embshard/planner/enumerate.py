@@ -11,7 +11,7 @@ from __future__ import annotations
 from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.splits import col_splits, row_splits
-from embshard.planner.types import Candidate, Perf, ShardCost, ShardingType, TableConstraint
+from embshard.planner.types import Block, Candidate, Perf, ShardCost, ShardingType, TableConstraint
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -29,7 +29,7 @@ def _counts(limit: int) -> list[int]:
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Candidate | None:
     """The candidate for one type and shard count, or None if the table cannot be cut so."""
     if stype is ShardingType.DATA_PARALLEL:
-        return Candidate(spec.name, stype, (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
+        return Candidate(spec.name, stype, (), (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:
         rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols
@@ -40,16 +40,15 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
         rows, cols = full_rows, full_cols
     if rows is None or cols is None:
         return None
-    shards = tuple(
-        ShardCost(
-            num_rows=n, row_offset=ro, num_cols=d, col_offset=co,
-            perf=holder_perf(spec, topo, stype, n, d, num_shards),
-            storage=holder_storage(spec, topo, stype, n, d),
-        )
-        for ro, n in rows
-        for co, d in cols
-    )
-    return Candidate(spec.name, stype, shards, requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
+    costed: dict[tuple[int, int], ShardCost] = {}  # equal-sized blocks cost the same: compute once
+    blocks, shards = [], []
+    for ro, n in rows:
+        for co, d in cols:
+            if (n, d) not in costed:
+                costed[(n, d)] = ShardCost(holder_perf(spec, topo, stype, n, d, num_shards), holder_storage(spec, topo, stype, n, d))
+            blocks.append(Block(ro, n, co, d))
+            shards.append(costed[(n, d)])
+    return Candidate(spec.name, stype, tuple(blocks), tuple(shards), requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
 
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint) -> list[Candidate]:

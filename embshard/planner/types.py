@@ -121,21 +121,28 @@ class Storage:
 
 @dataclass(frozen=True)
 class ShardCost:
-    """Cost of one shard of a candidate layout (placement-independent)."""
+    """Cost of one block of a candidate layout (placement-independent; equal blocks share one)."""
 
-    num_rows: int
-    row_offset: int
-    num_cols: int
-    col_offset: int
     perf: Perf
     storage: Storage
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [row_offset, +num_rows) and columns [col_offset, +num_cols) of a table."""
+
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One way to shard a table, not yet on ranks.
 
-    shards: the blocks a holder rank pays for (empty for data_parallel).
+    blocks / shards: each shard's block of the table and what its holder rank pays for it
+      (both empty for data_parallel).
     requester: all-to-all time every rank pays as the owner of its own samples.
     every_rank / every_rank_storage: what every rank pays regardless of placement
       (a data-parallel replica, or the buffers for its own samples' outputs).
@@ -143,6 +150,7 @@ class Candidate:
 
     table: str
     sharding_type: ShardingType
+    blocks: tuple[Block, ...]
     shards: tuple[ShardCost, ...]
     requester: Perf
     every_rank: Perf

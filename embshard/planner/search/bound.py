@@ -6,7 +6,8 @@ all-to-all phase p, z is the bound. Any feasible plan satisfies:
   requester side, the same on every rank) and m_p >= (holder side summed over ranks)/W:
   the slowest rank is at least the average rank, and max(H, U) is convex (Jensen);
 - z >= the largest shard of u's candidate plus its every-rank compute, for every u;
-- sum of all candidates' bytes <= W * per-rank cap.
+- sum of all candidates' bytes <= W * per-rank cap, and the data-parallel replicas
+  (held by every rank) <= one rank's cap.
 Candidates whose largest shard cannot fit any rank are excluded. Solved with HiGHS.
 """
 
@@ -20,7 +21,7 @@ from embshard.planner.search.problem import Problem
 
 
 def lower_bound_ms(problem: Problem) -> float:
-    W, cap = problem.topo.world_size, problem.cap_bytes
+    W, cap = problem.topo.world_size, problem.free_bytes
     cols = []  # (unit, candvec) per y column
     for ui, unit in enumerate(problem.units):
         for cv in unit.cands:
@@ -67,6 +68,11 @@ def lower_bound_ms(problem: Problem) -> float:
     for j, (_, cv) in enumerate(cols):
         add(row, j, float(sum(cv.shard_mem) + W * cv.every_mem))
     b_ub.append(float(W) * cap)
+    row += 1
+    # every rank holds all data-parallel replicas
+    for j, (_, cv) in enumerate(cols):
+        add(row, j, float(cv.every_mem))
+    b_ub.append(float(cap))
     row += 1
 
     n = n_y + 4

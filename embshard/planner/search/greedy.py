@@ -19,23 +19,25 @@ class Unplaceable(Exception):
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], exclude: frozenset[int] = frozenset()) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int]) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
     by_cost: the unit's allowed ranks, cheapest first.
     """
-    cap = state.problem.cap_bytes
-    if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > cap:
+    if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
         return None
     if cv.data_parallel:
         return ()
     order = sorted(range(cv.num_shards), key=lambda i: -cv.shard_cost[i])
-    topo = state.problem.topo
     if not cv.host_bound:
-        return _assign(state, cv, order, [r for r in by_cost if r not in exclude])
+        return _assign(state, cv, order, by_cost)
+    L = state.problem.topo.local_world_size
+    hosts: dict[int, list[int]] = {}
+    for r in by_cost:
+        hosts.setdefault(r // L, []).append(r)
     best, best_val = None, float("inf")
-    for host in sorted({topo.host_of(r) for r in by_cost}):
-        pick = _assign(state, cv, order, [r for r in by_cost if topo.host_of(r) == host and r not in exclude])
+    for ranks in hosts.values():
+        pick = _assign(state, cv, order, ranks)
         if pick is not None:
             val = max(state.cost_with(r, cv.shard_vec[i], 1) for i, r in enumerate(pick))
             if val < best_val:
@@ -44,25 +46,40 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], exclude
 
 
 def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -> tuple[int, ...] | None:
+    """Largest shard first onto the cheapest rank with room (ranks are cheapest first)."""
     if len(ranks) < cv.num_shards:
         return None
+    room = state.problem.cap_bytes - state.UM - cv.every_mem
+    mem = state.mem
     out = [-1] * cv.num_shards
-    used: set[int] = set()
+    pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:
-        need = cv.shard_mem[i] + cv.every_mem
-        for r in ranks:
-            if r not in used and state.fits(r, need):
-                out[i] = r
-                used.add(r)
+        need = cv.shard_mem[i]
+        for j, r in enumerate(skipped):
+            if mem[r] + need <= room:
+                out[i] = skipped.pop(j)
                 break
         else:
-            return None
+            while pos < len(ranks) and mem[ranks[pos]] + need > room:
+                skipped.append(ranks[pos])
+                pos += 1
+            if pos == len(ranks):
+                return None
+            out[i] = ranks[pos]
+            pos += 1
     return tuple(out)
 
 
-def greedy(problem: Problem, order: list[int]) -> RankState:
-    """Place units in the given order; raises Unplaceable with the first unit that fits nowhere."""
+def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None) -> RankState:
+    """Place units in the given order; raises Unplaceable with the first unit that fits nowhere.
+
+    replicate: units to make data-parallel first (unit -> its data-parallel candidate).
+    """
     state = RankState(problem)
+    for ui, ci in (replicate or {}).items():
+        if place(state, problem.units[ui], problem.units[ui].cands[ci], []) is not None:
+            state.add(ui, ci, ())
+    order = [ui for ui in order if state.choice[ui] is None]
     W = problem.topo.world_size
     min_work = [min(cv.work_ms + W * cv.every_ms for cv in problem.units[u].cands) for u in range(len(problem.units))]
     remaining = sum(min_work)
@@ -101,3 +118,32 @@ def default_order(problem: Problem) -> list[int]:
     mems = [min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units]
     key = [max(w / avg, m / problem.cap_bytes) for w, m in zip(works, mems)]
     return sorted(range(len(problem.units)), key=lambda i: -key[i])
+
+
+def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, int]:
+    """Pick units to replicate (data-parallel) before anything is placed.
+
+    Replicating a table saves every rank its requester traffic for it and costs every rank
+    a local lookup, a dense update and an all-reduce, plus a replica's bytes. Units with a
+    net saving go in by saving per replica byte while the replicas leave room for the rest
+    (their smallest total bytes over W, times `headroom`).
+    """
+    W = problem.topo.world_size
+    options = []
+    rest_bytes = 0.0
+    for ui, unit in enumerate(problem.units):
+        sharded = [cv for cv in unit.cands if not cv.data_parallel]
+        rest = min((sum(cv.shard_mem) for cv in sharded), default=0)
+        rest_bytes += rest
+        for ci, cv in enumerate(unit.cands):
+            if cv.data_parallel and sharded:
+                saving = min(sum(s.req_vec) for s in sharded) - cv.every_ms
+                if saving > 0:
+                    options.append((saving / max(cv.every_mem, 1), ui, ci, cv.every_mem, rest))
+    budget = problem.free_bytes - headroom * rest_bytes / W
+    chosen: dict[int, int] = {}
+    for _, ui, ci, mem, rest in sorted(options, reverse=True):
+        if mem - headroom * rest / W <= budget:
+            chosen[ui] = ci
+            budget -= mem - headroom * rest / W
+    return chosen

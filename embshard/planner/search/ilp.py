@@ -128,7 +128,7 @@ def improve_with_ilp(problem: Problem, state: RankState, deadline: float, seed: 
         close(-np.inf, 0.0)
         for j, v in mem_row_terms:
             add(j, v)
-        close(-np.inf, float(problem.cap_bytes))
+        close(-np.inf, float(problem.free_bytes))
 
     A = coo_matrix((vals, (rows, cidx)), shape=(row, n)).tocsr()
     c = np.zeros(n)

@@ -16,6 +16,8 @@ from embshard.planner.search.problem import RankState
 
 EPS = 1e-9
 NEAREST_RANKS = 24  # ranks (cheapest first) tried as destinations per shard
+SWAP_SHARDS = 16  # largest shards of the slowest rank tried in swaps
+SWAP_RANKS = 8  # cheapest ranks tried as swap partners
 
 
 def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
@@ -32,11 +34,11 @@ def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
     return True
 
 
-def _try_move_or_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
+def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
     cmax = costs[r]
     units = state.problem.units
-    best = None  # (value, kind, payload)
-    for ui, si in list(state.held[r].items()):
+    best = None  # (value, unit, shard, destination)
+    for ui, si in state.held[r].items():
         cv = units[ui].cands[state.choice[ui][0]]
         v, m = cv.shard_vec[si], cv.shard_mem[si]
         new_r = state.cost_with(r, v, -1)
@@ -44,7 +46,7 @@ def _try_move_or_swap(state: RankState, r: int, costs: list[float], by_cost: lis
             continue
         tried = 0
         for q in by_cost:
-            if tried >= NEAREST_RANKS:
+            if tried >= NEAREST_RANKS or costs[q] >= cmax - EPS:
                 break
             if q == r or not _allowed(state, ui, si, r, q):
                 continue
@@ -52,29 +54,50 @@ def _try_move_or_swap(state: RankState, r: int, costs: list[float], by_cost: lis
             if state.fits(q, m):
                 val = max(new_r, state.cost_with(q, v, 1))
                 if val < cmax - EPS and (best is None or val < best[0]):
-                    best = (val, "move", (ui, si, q))
-            # swap with a smaller shard on q
-            for uj, sj in state.held[q].items():
-                cw = units[uj].cands[state.choice[uj][0]]
-                w, mw = cw.shard_vec[sj], cw.shard_mem[sj]
-                if cw.shard_cost[sj] >= cv.shard_cost[si] or not _allowed(state, uj, sj, q, r):
-                    continue
-                if state.mem[q] - mw + m + state.UM > state.problem.cap_bytes or state.mem[r] - m + mw + state.UM > state.problem.cap_bytes:
-                    continue
-                nr = _cost_delta(state, r, v, w)
-                nq = _cost_delta(state, q, w, v)
-                val = max(nr, nq)
-                if val < cmax - EPS and (best is None or val < best[0]):
-                    best = (val, "swap", (ui, si, q, uj, sj))
+                    best = (val, ui, si, q)
     if best is None:
         return False
-    if best[1] == "move":
-        ui, si, q = best[2]
-        state.move_shard(ui, si, r, q)
-    else:
-        ui, si, q, uj, sj = best[2]
-        state.move_shard(ui, si, r, q)
-        state.move_shard(uj, sj, q, r)
+    state.move_shard(best[1], best[2], r, best[3])
+    return True
+
+
+def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
+    """Swap one of r's largest shards with a smaller shard of a cheap rank.
+
+    Pairs that cannot fit under the destination's slack are skipped without costing them.
+    """
+    cmax = costs[r]
+    units = state.problem.units
+    cap = state.problem.cap_bytes - state.UM
+    mine = sorted(state.held[r].items(), key=lambda it: -units[it[0]].cands[state.choice[it[0]][0]].shard_cost[it[1]])[:SWAP_SHARDS]
+    best = None
+    for q in by_cost[:SWAP_RANKS]:
+        slack = cmax - costs[q]
+        if q == r or slack <= EPS:
+            continue
+        theirs = [(uj, sj, units[uj].cands[state.choice[uj][0]]) for uj, sj in state.held[q].items()]
+        for ui, si in mine:
+            cv = units[ui].cands[state.choice[ui][0]]
+            c_i, v, m = cv.shard_cost[si], cv.shard_vec[si], cv.shard_mem[si]
+            if not _allowed(state, ui, si, r, q):
+                continue
+            for uj, sj, cw in theirs:
+                c_j = cw.shard_cost[sj]
+                # q's time grows by at least v's compute minus all of w (necessary condition)
+                if c_j >= c_i or v[3] - c_j >= slack or not _allowed(state, uj, sj, q, r):
+                    continue
+                mw = cw.shard_mem[sj]
+                if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
+                    continue
+                w = cw.shard_vec[sj]
+                val = max(_cost_delta(state, r, v, w), _cost_delta(state, q, w, v))
+                if val < cmax - EPS and (best is None or val < best[0]):
+                    best = (val, ui, si, q, uj, sj)
+    if best is None:
+        return False
+    _, ui, si, q, uj, sj = best
+    state.move_shard(ui, si, r, q)
+    state.move_shard(uj, sj, q, r)
     return True
 
 
@@ -138,7 +161,7 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
         costs = state.costs()
         r = max(range(len(costs)), key=costs.__getitem__)
         by_cost = sorted(range(len(costs)), key=costs.__getitem__)
-        if _try_move_or_swap(state, r, costs, by_cost) or _try_reshard(state, r, costs):
+        if _try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost) or _try_reshard(state, r, costs):
             steps += 1
             continue
         break

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embshard.planner.cost.storage import requester_storage
 from embshard.planner.enumerate import candidate, enumerate_candidates
-from embshard.planner.types import Candidate, Constraints, Perf, ShardCost, ShardingType
+from embshard.planner.types import Candidate, Constraints, Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -50,27 +51,27 @@ class CandVec:
         return sum(self.shard_cost)
 
 
-def _combine(cands: list[Candidate]) -> CandVec:
+def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology) -> CandVec:
     """Flatten one candidate per member table (members of a unit are placed shard-aligned)."""
     k = cands[0].num_shards
     assert all(c.num_shards == k and c.sharding_type is cands[0].sharding_type for c in cands)
     vecs, mems = [], []
+    memo: dict[tuple[int, ...], tuple[tuple[float, float, float, float], int]] = {}
     for i in range(k):
-        v = [0.0, 0.0, 0.0, 0.0]
-        mem = 0
-        for c in cands:
-            sv = perf_vector(c.shards[i].perf)
-            v = [a + b for a, b in zip(v, sv)]
-            mem += c.shards[i].storage.total_bytes
-        vecs.append(tuple(v))
-        mems.append(mem)
+        key = tuple(id(c.shards[i]) for c in cands)  # equal blocks share one ShardCost
+        if key not in memo:
+            parts = [perf_vector(c.shards[i].perf) for c in cands]
+            memo[key] = (tuple(sum(col) for col in zip(*parts)), sum(c.shards[i].storage.total_bytes for c in cands))
+        vecs.append(memo[key][0])
+        mems.append(memo[key][1])
     req = [0.0, 0.0, 0.0]
     every_ms, every_mem = 0.0, 0
-    for c in cands:
+    for c, spec in zip(cands, specs):
         rv = perf_vector(c.requester)
         req = [a + b for a, b in zip(req, rv[:3])]
         every_ms += c.every_rank.total_ms
-        every_mem += c.every_rank_storage.total_bytes
+        # every layout pays the requester buffers; they are reserved up front (Problem.base_mem)
+        every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo).total_bytes
     st = cands[0].sharding_type
     return CandVec(tuple(cands), tuple(vecs), tuple(sum(v) for v in vecs), tuple(mems), tuple(req),
                    every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL)
@@ -92,6 +93,12 @@ class Problem:
     topo: Topology
     units: tuple[Unit, ...]
     cap_bytes: int
+    base_mem: int  # bytes every rank holds whatever the layout (its own samples' output buffers)
+
+    @property
+    def free_bytes(self) -> int:
+        """Per-rank bytes left for shards and replicas once the fixed buffers are reserved."""
+        return self.cap_bytes - self.base_mem
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> Problem:
@@ -109,17 +116,18 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
-            cands = tuple(_combine([c]) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name)))
+            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name)))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
                     raise ValueError(f"constraints.keep_together: {t.name!r} is kept together with others (placed table_wise on one rank) but its sharding_types exclude table_wise")
-            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables]),)
+            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables], tables, topo),)
         if not cands:
             raise ValueError(f"constraints.tables.{tables[0].name}: no sharding of this table satisfies its constraints "
                              f"(allowed types {[s.value for s in constraints.for_table(tables[0].name).sharding_types]}); allow more types or ranks")
         units.append(Unit(tables, cands, tuple(sorted(ranks))))
-    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes)
+    base_mem = sum(requester_storage(s, topo).total_bytes for s in specs)
+    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem)
 
 
 class RankState:
@@ -132,7 +140,7 @@ class RankState:
         self.mem = [0] * W
         self.U = [0.0, 0.0, 0.0]
         self.E = 0.0
-        self.UM = 0
+        self.UM = problem.base_mem
         self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
         self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
 
