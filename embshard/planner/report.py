@@ -10,8 +10,6 @@ from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
@@ -92,6 +90,11 @@ def sharding_type_counts(plan: ShardingPlan) -> dict[str, int]:
     return {st.value: counts[st] for st in ShardingType if counts[st]}
 
 
+def percent(fraction: float) -> str:
+    """0.052 -> '5.2%', with rounding noise around zero shown as 0.0%."""
+    return f"{100 * fraction:.1f}%" if abs(fraction) >= 0.0005 else "0.0%"
+
+
 def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
     """A few lines: problem size, objective vs lower bound, memory, sharding types, search."""
     topo = plan.topology
@@ -100,16 +103,16 @@ def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
     fullest = max(plan.ranks, key=lambda r: r.storage.total_bytes)
     cap_bytes = topo.shard_memory_cap_bytes
     lines = [
-        f"tables: {len(plan.specs)} on {topo.world_size} ranks ({topo.num_hosts} hosts x {topo.local_world_size}, {topo.device}), "
+        f"tables: {len(plan.specs)} on {topo.world_size} ranks ({topo.num_hosts} host{'s' * (topo.num_hosts != 1)} x {topo.local_world_size}, {topo.device}), "
         f"{topo.hbm_gib:g} GiB per rank of which {cap_bytes / GIB:.1f} GiB for embeddings, batch {topo.batch_size_per_rank} per rank",
         f"objective: {plan.max_rank_ms:.3f} ms (slowest rank {slowest.rank}); lower bound {plan.lower_bound_ms:.3f} ms; "
-        f"gap {100 * plan.gap:.1f}%; imbalance {plan.imbalance:.3f} (max/mean, mean {sum(totals) / len(totals):.3f} ms)",
+        f"gap {percent(plan.gap)}; imbalance {plan.imbalance:.3f} (max/mean, mean {sum(totals) / len(totals):.3f} ms)",
         f"memory: max {fullest.storage.total_bytes / GIB:.2f} of {cap_bytes / GIB:.2f} GiB (rank {fullest.rank}); "
         f"all ranks {sum(r.storage.total_bytes for r in plan.ranks) / GIB:.2f} GiB",
         "sharding: " + ", ".join(f"{name} {n}" for name, n in sharding_type_counts(plan).items())
         + f" ({sum(len(t.shards) for t in plan.tables)} shards)",
     ]
-    search = ", ".join(f"{k}={v}" for k, v in plan.search.items())
+    search = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in plan.search.items())
     timing = f"planning {planning_s:.2f} s" if planning_s is not None else ""
     if search or timing:
         lines.append("search: " + "; ".join(x for x in (timing, search) if x))
@@ -118,6 +121,10 @@ def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
 
 def save_chart(plan: ShardingPlan, path: str | Path) -> None:
     """PNG with per-rank predicted ms stacked by phase (top) and memory vs the cap (bottom)."""
+    # Imported here: matplotlib costs ~1 s at import, and only the chart needs it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     ranks = [r.rank for r in plan.ranks]
     width = 0.8 if len(ranks) <= 64 else 1.0
     fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * len(ranks))), 7.5), layout="constrained")
@@ -132,7 +139,7 @@ def save_chart(plan: ShardingPlan, path: str | Path) -> None:
             bottom = [b + v for b, v in zip(bottom, values)]
     load_ax.axhline(plan.lower_bound_ms, color="black", linestyle="--", linewidth=1, label=f"lower bound {plan.lower_bound_ms:.3f} ms")
     load_ax.set_ylabel("predicted ms per step")
-    load_ax.set_title(f"objective {plan.max_rank_ms:.3f} ms, gap {100 * plan.gap:.1f}%, imbalance {plan.imbalance:.3f}")
+    load_ax.set_title(f"objective {plan.max_rank_ms:.3f} ms, gap {percent(plan.gap)}, imbalance {plan.imbalance:.3f}")
     load_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
 
     bottom = [0.0] * len(ranks)

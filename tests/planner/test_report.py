@@ -29,7 +29,7 @@ def make_plan(world_size: int = 4, hbm_gib: float = 1.0) -> ShardingPlan:
         RankReport(r, Perf(input_dist_ms=0.5, lookup_fwd_ms=r + 0.5), Storage(weights_bytes=(r + 1) * GIB // 10, optimizer_bytes=1024))
         for r in range(world_size)
     )
-    return ShardingPlan(tables, specs, topo, ranks, lower_bound_ms=2.0, input_hash="sha256:test", search={"method": "hand"})
+    return ShardingPlan(tables, specs, topo, ranks, lower_bound_ms=2.0, input_hash="sha256:test", search={"method": "hand", "wall_s": 0.123456})
 
 
 def render(table) -> list[str]:
@@ -70,7 +70,7 @@ def test_summary_numbers():
     assert "objective: 4.000 ms (slowest rank 3); lower bound 2.000 ms; gap 100.0%; imbalance 1.600" in text
     assert "memory: max 0.40 of 0.90 GiB (rank 3)" in text
     assert "sharding: data_parallel 1, table_wise 1, row_wise 1 (7 shards)" in text
-    assert "search: planning 1.23 s; method=hand" in text
+    assert "search: planning 1.23 s; method=hand, wall_s=0.123" in text
     assert "planning" not in summary(plan)
 
 
