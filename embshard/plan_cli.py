@@ -1,0 +1,131 @@
+"""embshard-plan: a dry run of the sharding planner; needs no GPU.
+
+    embshard-plan tables=criteo_tb topology.world_size=64 topology.local_world_size=8 topology.hbm_gib=16 out=plan.json
+    embshard-plan --config-dir my_configs tables=mine      # my_configs/tables/mine.yaml
+
+A Hydra app over configs/plan.yaml (groups tables/, topology/, planner/). It prints the
+predicted load of every rank and a summary, writes the plan to `out` (JSON) and a chart of
+per-rank load and memory beside it (`.png`). Bad input ends with exit status 2 and one
+line on stderr, ``embshard-plan: error: ...``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import hydra
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+
+from embshard import planner
+from embshard.planner.report import rank_table, save_chart, summary
+from embshard.planner.types import Constraints
+from embshard.specs import tables_from_list
+from embshard.topology import Topology
+
+CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks")
+PLANNER_KEYS = ("time_budget_s", "use_ilp", "seed")
+EXIT_BAD_INPUT = 2
+# The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
+# a relative config_path of an imported module as a Python package.
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
+    """Plan the composed config, print the report, write the JSON and the chart."""
+    where = f"tables={tables_option} ({tables_option}.yaml)"
+    if isinstance(cfg.get("tables"), Mapping):
+        raise ValueError(f"{where}: the file's blocks landed under 'tables'; make '# @package _global_' its first line")
+    if "tables" not in cfg:
+        raise ValueError(f"{where}: no top-level 'tables:' list in the file")
+    unknown = sorted(set(cfg) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown top-level key(s) {unknown}; a tables file holds 'tables:', 'topology:' and 'constraints:'")
+    specs = tables_from_list(cfg["tables"], f"{where}: tables")
+    topology = Topology.from_dict(cfg["topology"])
+    constraints = Constraints.from_dict(cfg["constraints"], [s.name for s in specs], topology.world_size)
+    options = planner_options(cfg["planner"])
+    out = Path(cfg["out"])
+    if out.suffix != ".json":
+        raise ValueError(f"out: must be a path ending in .json (the chart goes beside it as .png), got {str(out)!r}")
+    chart = out.with_suffix(".png")
+
+    console.print(f"planning {len(specs)} tables on {topology.world_size} ranks "
+                  f"(time budget {options['time_budget_s']:g} s, ilp {'on' if options['use_ilp'] else 'off'})", markup=False)
+    t0 = time.perf_counter()
+    result = planner.plan(specs, topology, constraints, **options)
+    planning_s = time.perf_counter() - t0
+    try:
+        result.save(out)
+        save_chart(result, chart)
+    except OSError as e:
+        raise ValueError(f"out={out}: cannot write the plan ({e.strerror or e}); choose a writable path") from None
+    console.print(rank_table(result, cfg["max_report_ranks"]))
+    console.print(summary(result, planning_s), markup=False, highlight=False)
+    console.print(f"wrote {out} and {chart}", markup=False, highlight=False)
+
+
+def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
+    """Validate configs/planner/*.yaml: keyword arguments of `embshard.planner.plan`."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping with keys {list(PLANNER_KEYS)}")
+    unknown = sorted(set(raw) - set(PLANNER_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed keys are {list(PLANNER_KEYS)}")
+    budget = raw.get("time_budget_s", 10.0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise ValueError(f"{where}.time_budget_s: must be a positive number of seconds, got {budget!r}")
+    use_ilp = raw.get("use_ilp", True)
+    if not isinstance(use_ilp, bool):
+        raise ValueError(f"{where}.use_ilp: must be true or false, got {use_ilp!r}")
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{where}.seed: must be an integer, got {seed!r}")
+    return {"time_budget_s": float(budget), "use_ilp": use_ilp, "seed": seed}
+
+
+def fail(message: str) -> None:
+    """Exit with the message on one stderr line (Hydra's messages span several)."""
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"embshard-plan: error: {one_line}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="plan")
+def hydra_main(cfg: DictConfig) -> None:
+    console = Console()
+    if not console.is_terminal:  # piped or captured: keep the rank table's columns whole
+        console = Console(width=160)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        run(raw, HydraConfig.get().runtime.choices.get("tables", "?"), console)
+    except (ValueError, OmegaConfBaseException) as e:
+        fail(str(e))
+
+
+def main() -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's tracebacks
+        hydra_main()
+        return
+    # Hydra then raises its config errors (unknown option, bad override) instead of
+    # printing them over several lines; they end here as one line, like ours.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:  # includes unreadable config files
+        fail(str(e).split("Config search path:")[0])  # the search path listing is noise here
+    finally:
+        del os.environ["HYDRA_FULL_ERROR"]
+
+
+if __name__ == "__main__":
+    main()
