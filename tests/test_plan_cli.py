@@ -141,3 +141,29 @@ def test_bad_input_is_one_line(runs, name):
 def test_infeasible_names_the_fix(runs):
     message = runs["infeasible"][2]
     assert "hbm_gib" in message and "cat_11" in message
+
+
+def test_every_group_option_composes_and_validates():
+    """Each shipped option of each group composes into valid inputs (no planning)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from embshard.plan_cli import CONFIG_DIR, CONFIG_KEYS, planner_options
+    from embshard.planner.types import Constraints
+    from embshard.specs import tables_from_list
+    from embshard.topology import Topology
+
+    groups = {g: sorted(p.stem for p in (Path(CONFIG_DIR) / g).glob("*.yaml")) for g in ("tables", "topology", "planner")}
+    assert groups == {"tables": ["criteo_kaggle", "criteo_tb", "dlrm_150", "dlrm_856"], "topology": ["cpu", "gpu"], "planner": ["default"]}
+    world_size = {"tables=criteo_tb": 16, "topology=cpu": 2}  # the file's topology block; the cpu group
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for group, options in groups.items():
+            for option in options:
+                override = f"{group}={option}"
+                cfg = OmegaConf.to_container(compose("plan", [override]))
+                assert sorted(cfg) == sorted(CONFIG_KEYS)
+                specs = tables_from_list(cfg["tables"])
+                topology = Topology.from_dict(cfg["topology"])
+                Constraints.from_dict(cfg["constraints"], [s.name for s in specs], topology.world_size)
+                assert planner_options(cfg["planner"])["time_budget_s"] > 0
+                assert topology.world_size == world_size.get(override, 8), override
