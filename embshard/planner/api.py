@@ -17,6 +17,7 @@ from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requeste
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
+from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
 from embshard.planner.search.local import local_search
 from embshard.planner.search.problem import Problem, RankState, build_problem
@@ -31,8 +32,13 @@ class PlanInfeasibleError(ValueError):
 
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
-         time_budget_s: float = 10.0, use_ilp: bool = True, seed: int = 0) -> ShardingPlan:
-    """Search a placement minimising the slowest rank's predicted step time under memory caps."""
+         time_budget_s: float = 10.0, use_ilp: bool = True, ilp_time_s: float = 1.0, seed: int = 0) -> ShardingPlan:
+    """Search a placement minimising the slowest rank's predicted step time under memory caps.
+
+    Greedy starts polished by local search run within `time_budget_s`; then, for problems
+    small enough and plans more than 1% above the LP bound, an exact MILP runs for up to
+    `ilp_time_s` more, which may improve the plan and tighten the bound.
+    """
     t0 = time.perf_counter()
     specs = tuple(specs)
     constraints = constraints or Constraints()
@@ -42,9 +48,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
     state, method = _best_start(problem, deadline)
-    if use_ilp:
-        from embshard.planner.search.ilp import improve_with_ilp  # scipy MILP, only for small problems
-        improved, ilp_bound, note = improve_with_ilp(problem, state, deadline, seed=seed)
+    if use_ilp and max(state.costs()) > bound * 1.01:
+        improved, ilp_bound, note = improve_with_ilp(problem, state, time.perf_counter() + ilp_time_s)
         if improved is not None:
             state = improved
         bound = max(bound, ilp_bound)

@@ -27,7 +27,7 @@ def _objective(state: RankState) -> float:
     return max(state.costs())
 
 
-def improve_with_ilp(problem: Problem, state: RankState, deadline: float, seed: int = 0) -> tuple[RankState | None, float, str]:
+def improve_with_ilp(problem: Problem, state: RankState, deadline: float) -> tuple[RankState | None, float, str]:
     """(better state or None, lower bound from the MILP or 0, a note on what happened)."""
     W, topo = problem.topo.world_size, problem.topo
     n_a = sum(len(u.ranks) for u in problem.units for cv in u.cands if not cv.data_parallel)
