@@ -33,7 +33,7 @@ from embshard.specs import tables_from_list
 from embshard.topology import Topology
 
 CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks")
-PLANNER_KEYS = ("time_budget_s", "use_ilp", "seed")
+PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "seed")
 EXIT_BAD_INPUT = 2
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
 # a relative config_path of an imported module as a Python package.
@@ -54,13 +54,17 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
     topology = Topology.from_dict(cfg["topology"])
     constraints = Constraints.from_dict(cfg["constraints"], [s.name for s in specs], topology.world_size)
     options = planner_options(cfg["planner"])
+    max_ranks = cfg["max_report_ranks"]
+    if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 2:
+        raise ValueError(f"max_report_ranks: must be an integer >= 2 (the slowest and the fastest rank), got {max_ranks!r}")
     out = Path(cfg["out"])
     if out.suffix != ".json":
         raise ValueError(f"out: must be a path ending in .json (the chart goes beside it as .png), got {str(out)!r}")
     chart = out.with_suffix(".png")
 
+    ilp = f"ilp up to {options['ilp_time_s']:g} s more" if options["use_ilp"] else "ilp off"
     console.print(f"planning {len(specs)} tables on {topology.world_size} ranks "
-                  f"(time budget {options['time_budget_s']:g} s, ilp {'on' if options['use_ilp'] else 'off'})", markup=False)
+                  f"(search {options['time_budget_s']:g} s, {ilp})", markup=False)
     t0 = time.perf_counter()
     result = planner.plan(specs, topology, constraints, **options)
     planning_s = time.perf_counter() - t0
@@ -69,7 +73,7 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
         save_chart(result, chart)
     except OSError as e:
         raise ValueError(f"out={out}: cannot write the plan ({e.strerror or e}); choose a writable path") from None
-    console.print(rank_table(result, cfg["max_report_ranks"]))
+    console.print(rank_table(result, max_ranks))
     console.print(summary(result, planning_s), markup=False, highlight=False)
     console.print(f"wrote {out} and {chart}", markup=False, highlight=False)
 
@@ -81,16 +85,19 @@ def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
     unknown = sorted(set(raw) - set(PLANNER_KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; allowed keys are {list(PLANNER_KEYS)}")
-    budget = raw.get("time_budget_s", 10.0)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise ValueError(f"{where}.time_budget_s: must be a positive number of seconds, got {budget!r}")
+    seconds = {}
+    for key, default in (("time_budget_s", 10.0), ("ilp_time_s", 1.0)):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{where}.{key}: must be a positive number of seconds, got {value!r}")
+        seconds[key] = float(value)
     use_ilp = raw.get("use_ilp", True)
     if not isinstance(use_ilp, bool):
         raise ValueError(f"{where}.use_ilp: must be true or false, got {use_ilp!r}")
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"{where}.seed: must be an integer, got {seed!r}")
-    return {"time_budget_s": float(budget), "use_ilp": use_ilp, "seed": seed}
+    return {**seconds, "use_ilp": use_ilp, "seed": seed}
 
 
 def fail(message: str) -> None:
