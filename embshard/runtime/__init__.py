@@ -6,8 +6,10 @@
     pooled.values().sum().backward() # fused optimizer updates the shards in backward
 """
 
+from embshard.runtime.apply import shard_model
 from embshard.runtime.collection import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.optim import OptimizerConfig
 from embshard.runtime.state import TableShard, assemble
 
-__all__ = ["OptimizerConfig", "ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection", "TableShard", "assemble"]
+__all__ = ["OptimizerConfig", "ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection", "TableShard", "assemble",
+           "shard_model"]

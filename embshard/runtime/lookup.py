@@ -84,8 +84,12 @@ class FbgemmKernel(nn.Module):
         return list(self.tbe.split_embedding_weights())
 
     def block_states(self) -> list[dict[str, Tensor]]:
+        """Per block: its optimizer state tensors, and for adam the kernel's step counter (shared)."""
         names = list(state_shapes(self.optimizer, 1, 1))
-        return [dict(zip(names, states)) for states in self.tbe.split_optimizer_states()] if names else [{} for _ in self.block_weights()]
+        step = {"step": self.tbe.iter.view(())} if self.optimizer == "adam" else {}
+        if not names:
+            return [{} for _ in self.block_weights()]
+        return [{**dict(zip(names, states)), **step} for states in self.tbe.split_optimizer_states()]
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self.tbe.set_learning_rate(learning_rate)
@@ -105,7 +109,6 @@ class TorchKernel(nn.Module):
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
         self.pooled, self.optimizer, self.config, self.reduce_pg = pooled, spec.optimizer, config, reduce_pg
         self.learning_rate = config.learning_rate
-        self.step = 0
         self.dim = spec.blocks[0].num_cols
         self.num_rows = [b.num_rows for b in spec.blocks]
         row_base = torch.tensor([0, *self.num_rows], dtype=torch.int64).cumsum(0)
@@ -115,6 +118,7 @@ class TorchKernel(nn.Module):
         self.state = new_state(self.optimizer, total_rows, self.dim, device)
         for name, tensor in self.state.items():
             self.register_buffer(f"state_{name}", tensor)
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))  # updates so far (adam's t)
         # Backward runs only for inputs that need a gradient; this one always does.
         self.placeholder = nn.Parameter(torch.zeros(0, device=device))
 
@@ -126,7 +130,8 @@ class TorchKernel(nn.Module):
 
     def block_states(self) -> list[dict[str, Tensor]]:
         per_name = {name: t.split(self.num_rows) for name, t in self.state.items()}
-        return [{name: parts[i] for name, parts in per_name.items()} for i in range(len(self.num_rows))]
+        step = {"step": self.step} if self.optimizer == "adam" else {}
+        return [{**{name: parts[i] for name, parts in per_name.items()}, **step} for i in range(len(self.num_rows))]
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self.learning_rate = learning_rate
@@ -145,7 +150,7 @@ class TorchKernel(nn.Module):
             grad = grad_ND.new_zeros(rows.numel(), self.dim).index_add_(0, inverse, grad_ND)
         self.step += 1
         with torch.no_grad():
-            apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, self.step)
+            apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, int(self.step))
 
 
 class _TorchLookup(torch.autograd.Function):

@@ -23,7 +23,8 @@ class TableShard:
     col_offset: int
     table_shape: tuple[int, int]  # (num_embeddings, embedding_dim) of the full table
     optimizer: str
-    optimizer_state: Mapping[str, Tensor] = field(default_factory=dict)  # per row [num_rows] or per element [num_rows, num_cols]
+    # per row [num_rows], per element [num_rows, num_cols], or per kernel [] (adam's step)
+    optimizer_state: Mapping[str, Tensor] = field(default_factory=dict)
     replicated: bool = False  # data-parallel: every rank holds this same full block
 
     @property
@@ -40,6 +41,7 @@ def assemble(shards: Sequence[TableShard], state: str | None = None) -> Tensor:
 
     Per-row states (rowwise_adagrad's momentum) of column-split tables are per block;
     they come back as [num_embeddings, number of column blocks], one column per block.
+    A step counter comes back as the largest of the shards' counters.
     """
     if not shards:
         raise ValueError("assemble: no shards given; collect every rank's TableShard of the table")
@@ -47,6 +49,8 @@ def assemble(shards: Sequence[TableShard], state: str | None = None) -> Tensor:
     if any(s.table != first.table or s.table_shape != first.table_shape for s in shards):
         raise ValueError(f"assemble: shards of different tables {sorted({s.table for s in shards})}; pass one table's shards")
     rows, dim = first.table_shape
+    if state is not None and first.optimizer_state[state].dim() == 0:
+        return max((s.optimizer_state[state] for s in shards), key=int).clone()
     if state is None:
         out = torch.full((rows, dim), float("nan"), dtype=first.weight.dtype)
         for s in shards:

@@ -1,0 +1,90 @@
+"""shard_model: a model with TorchRec embedding modules -> the same model, sharded.
+
+    model = shard_model(model, plan, process_group)   # on every rank, with the same plan
+
+Read like torchtitan's parallelize: each step is one function. Embedding modules
+(`EmbeddingBagCollection`, `EmbeddingCollection`) become sharded collections holding a
+copy of their weights; the remaining dense parameters are wrapped in
+DistributedDataParallel. Table optimizers come from the plan's specs; their learning
+rate and hyper-parameters from ``optimizer``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from embshard.planner.plan import ShardingPlan
+from embshard.runtime.collection import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+from embshard.runtime.optim import OptimizerConfig
+from embshard.specs import TableSpec
+
+POOLING = {PoolingType.SUM: "sum", PoolingType.MEAN: "mean"}
+
+
+def shard_model(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, *,
+                optimizer: OptimizerConfig = OptimizerConfig(), device: torch.device | None = None) -> nn.Module:
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    model = apply_embedding_sharding(model, plan, pg, optimizer, device)
+    model = apply_ddp(model, pg, device)
+    return model
+
+
+def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup,
+                             optimizer: OptimizerConfig, device: torch.device) -> nn.Module:
+    """Replace every EmbeddingBagCollection / EmbeddingCollection by its sharded version, weights copied."""
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
+    for name, module in targets:
+        sharded = shard_embedding_bags(module, plan, pg, optimizer, device) if isinstance(module, EmbeddingBagCollection) \
+            else shard_embeddings(module, plan, pg, optimizer, device)
+        if not name:
+            return sharded
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, sharded)
+    return model
+
+
+def shard_embedding_bags(ebc: EmbeddingBagCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
+                         optimizer: OptimizerConfig, device: torch.device) -> ShardedEmbeddingBagCollection:
+    configs = ebc.embedding_bag_configs()
+    bad = [c.name for c in configs if c.pooling not in POOLING]
+    if bad:
+        raise ValueError(f"shard_model: table(s) {bad} use a pooling other than {[p.name for p in POOLING]}; "
+                         "embshard pools by sum or mean")
+    sharded = ShardedEmbeddingBagCollection(_specs(configs, plan, pooled=True), plan, pg,
+                                            pooling={c.name: POOLING[c.pooling] for c in configs},
+                                            weighted=ebc.is_weighted(), optimizer=optimizer, device=device)
+    sharded.load_tables({c.name: ebc.embedding_bags[c.name].weight.detach() for c in configs})
+    return sharded
+
+
+def shard_embeddings(ec: EmbeddingCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
+                     optimizer: OptimizerConfig, device: torch.device) -> ShardedEmbeddingCollection:
+    configs = ec.embedding_configs()
+    sharded = ShardedEmbeddingCollection(_specs(configs, plan, pooled=False), plan, pg, optimizer=optimizer, device=device)
+    sharded.load_tables({c.name: ec.embeddings[c.name].weight.detach() for c in configs})
+    return sharded
+
+
+def apply_ddp(model: nn.Module, pg: dist.ProcessGroup, device: torch.device) -> nn.Module:
+    """DDP over the dense parameters (sharded collections register none); a model without any stays as is."""
+    if not any(p.requires_grad for p in model.parameters()):
+        return model
+    return DistributedDataParallel(model, process_group=pg, device_ids=[device] if device.type == "cuda" else None)
+
+
+def _specs(configs: list[BaseEmbeddingConfig], plan: ShardingPlan, pooled: bool) -> list[TableSpec]:
+    """The module's tables as specs; optimizer and dtype come from the plan when it has the table."""
+    planned = {s.name: s for s in plan.specs}
+    specs = []
+    for c in configs:
+        base = planned.get(c.name)
+        specs.append(TableSpec(name=c.name, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
+                               pooled=pooled, feature_names=tuple(c.feature_names),
+                               dtype=base.dtype if base else "fp32",
+                               optimizer=base.optimizer if base else "rowwise_adagrad"))
+    return specs

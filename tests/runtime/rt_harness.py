@@ -1,0 +1,50 @@
+"""Spawn a real gloo group (one OS process per rank) and collect every rank's case results."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKER = Path(__file__).resolve().parent / "rt_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_group(world_size: int, timeout_s: float, only: str = "") -> list[dict]:
+    """Results of every case on every rank ([rank] -> {case: metrics}); ranks are killed at the timeout."""
+    out_dir = Path(tempfile.mkdtemp(prefix=f"embshard-w{world_size}-"))
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), "--world-size", str(world_size), "--rank", str(r),
+                          "--port", str(port), "--out", str(out_dir / f"rank{r}.json"), "--only", only],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world_size)
+    ]
+    deadline = time.monotonic() + timeout_s
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            logs.append(p.communicate()[0])
+    results = []
+    for r, p in enumerate(procs):
+        path = out_dir / f"rank{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {})
+        if p.returncode != 0:
+            results[-1]["__exit__"] = {"error": f"rank {r} exited with {p.returncode}:\n{logs[r][-4000:]}"}
+    return results

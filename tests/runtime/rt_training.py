@@ -1,0 +1,274 @@
+"""Correctness cases of the sharded runtime, run by every rank of one spawned group.
+
+Each case builds tables, a plan and 5 steps of per-rank batches (seeded, so every rank
+knows every rank's batch), runs the sharded collection on its own slice and the unsharded
+TorchRec reference on the global batch, and returns the worst differences it saw. The
+pytest side asserts on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from embshard.planner.plan import ShardingPlan, TablePlacement
+from embshard.planner.splits import col_splits, row_splits
+from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
+from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+from embshard.runtime.state import assemble
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+from rt_reference import ReferenceOptimizer, full_tables, global_batch, kjt, reference_ebc, reference_ec
+
+ST = ShardingType
+STEPS = 5
+LR = 0.05
+
+POOLED = [
+    TableSpec("ta", 50, 8, feature_names=("a1", "a2"), optimizer="rowwise_adagrad"),
+    TableSpec("tb", 37, 12, feature_names=("b",), optimizer="adagrad"),
+    TableSpec("tc", 23, 16, feature_names=("c",), optimizer="sgd"),
+    TableSpec("td", 61, 20, feature_names=("d",), optimizer="adam"),
+]
+SEQUENCE = [
+    TableSpec("sa", 45, 16, pooled=False, feature_names=("s1", "s2"), optimizer="rowwise_adagrad"),
+    TableSpec("sb", 29, 16, pooled=False, feature_names=("s3",), optimizer="adam"),
+    TableSpec("sc", 33, 16, pooled=False, feature_names=("s4",), optimizer="sgd"),
+    TableSpec("sd", 52, 16, pooled=False, feature_names=("s5",), optimizer="adagrad"),
+]
+EMPTY_ON_LAST_RANK = {"b", "s3"}  # the last rank never has an id of these features
+MEAN_TABLES = {"ta", "tc"}
+
+
+# ---- plans ------------------------------------------------------------------------------
+def topology(world_size: int) -> Topology:
+    return Topology(world_size=world_size, local_world_size=2 if world_size == 4 else world_size, device="cpu")
+
+
+def uneven_rows(num_rows: int, ranks: list[int]) -> list[Shard]:
+    """Row blocks of sizes 1:2:3:..., placed on ranks in reverse order (not TorchRec's even cut)."""
+    k = len(ranks)
+    cuts = [round(num_rows * sum(range(1, j + 1)) / sum(range(1, k + 1))) for j in range(k + 1)]
+    return [Shard(r, cuts[j], cuts[j + 1] - cuts[j], 0, 0) for j, r in enumerate(reversed(ranks))]
+
+
+def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology) -> list[Shard]:
+    N, D, W = spec.num_embeddings, spec.embedding_dim, topo.world_size
+    host_ranks = list(topo.host_ranks(index % topo.num_hosts))
+    if stype is ST.DATA_PARALLEL:
+        return [Shard(r, 0, N, 0, D) for r in range(W)]
+    if stype is ST.TABLE_WISE:
+        return [Shard((index + 1) % W, 0, N, 0, D)]
+    if stype.splits_rows:
+        ranks = list(range(W)) if stype is ST.ROW_WISE else host_ranks
+        if index % 2 == 0:
+            return [dataclasses.replace(s, num_cols=D) for s in uneven_rows(N, ranks)]
+        return [Shard(r, ro, n, 0, D) for r, (ro, n) in zip(ranks, row_splits(N, len(ranks)))]
+    ranks = list(range(W)) if stype is ST.COLUMN_WISE else host_ranks
+    ranks = [ranks[(index + j) % len(ranks)] for j in range(min(len(ranks), D // 4))]
+    return [Shard(r, 0, N, co, n) for r, (co, n) in zip(ranks, col_splits(D, len(ranks)))]
+
+
+def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType]) -> ShardingPlan:
+    tables = tuple(TablePlacement(s.name, t, COMPUTE_KERNEL[t], tuple(shards_for(s, i, t, topo)))
+                   for i, (s, t) in enumerate(zip(specs, types)))
+    return ShardingPlan(tables=tables, specs=tuple(specs), topology=topo, ranks=(), lower_bound_ms=0.0, input_hash="")
+
+
+# ---- batches ----------------------------------------------------------------------------
+def make_batches(specs: list[TableSpec], world_size: int, weighted: bool, seed: int) -> list[list[dict]]:
+    """[step][rank] -> {feature: (lengths, ids, weights)}; rank r has 3 + 2r bags, some empty."""
+    gen = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(STEPS):
+        ranks = []
+        for r in range(world_size):
+            batch, B = {}, 3 + 2 * r
+            for s in specs:
+                for f in s.feature_names:
+                    lengths = torch.randint(0, 5, (B,), generator=gen)
+                    lengths[0] = 0  # an empty bag in every feature
+                    if f in EMPTY_ON_LAST_RANK and r == world_size - 1:
+                        lengths.zero_()
+                    n = int(lengths.sum())
+                    ids = torch.randint(0, s.num_embeddings, (n,), generator=gen)
+                    weights = torch.rand(n, generator=gen) + 0.5 if weighted else None
+                    batch[f] = (lengths, ids, weights)
+            ranks.append(batch)
+        steps.append(ranks)
+    return steps
+
+
+def features_of(specs: list[TableSpec]) -> list[str]:
+    return [f for s in specs for f in s.feature_names]
+
+
+# ---- the comparison ----------------------------------------------------------------------
+def _column_blocks(plan: ShardingPlan) -> dict[str, list[tuple[int, int]]]:
+    return {t.name: sorted({(s.col_offset, s.num_cols) for s in t.shards}) for t in plan.tables}
+
+
+def make_collection(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, pooled: bool,
+                    weighted: bool = False, mean: bool = False):
+    pooling = {t: "mean" for t in MEAN_TABLES} if mean else {}
+    config = OptimizerConfig(learning_rate=LR)
+    if pooled:
+        return ShardedEmbeddingBagCollection(specs, plan, pg, pooling=pooling, weighted=weighted, optimizer=config)
+    return ShardedEmbeddingCollection(specs, plan, pg, optimizer=config)
+
+
+def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bool, weighted: bool = False, mean: bool = False):
+    pooling = {t: "mean" for t in MEAN_TABLES} if mean else {}
+    return reference_ebc(specs, tables, pooling, weighted) if pooled else reference_ec(specs, tables)
+
+
+def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
+          weighted: bool = False, mean: bool = False, seed: int = 0):
+    """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors)."""
+    rank, W = dist.get_rank(pg), dist.get_world_size(pg)
+    tables = full_tables(specs, seed)
+    sharded = make_collection(specs, plan, pg, pooled, weighted, mean)
+    sharded.load_tables(tables)
+    ref = make_reference(specs, tables, pooled, weighted, mean)
+    ref_opt = ReferenceOptimizer(specs, LR, column_blocks=_column_blocks(plan))
+    feats = features_of(specs)
+    errors = {"err_forward": 0.0}
+    gen = torch.Generator().manual_seed(seed + 1)
+    for batches in make_batches(specs, W, weighted, seed):
+        out = sharded(kjt(batches[rank], feats, weighted))
+        ref_out = ref(kjt(global_batch(batches), feats, weighted))
+        ref_loss = 0.0
+        for r in range(W):
+            targets = _targets(specs, batches[r], pooled, gen)
+            ref_slice = _rank_slice(ref_out, batches, r, feats, pooled)
+            ref_loss = ref_loss + _loss(ref_slice, targets, pooled) / W
+            if r == rank:
+                errors["err_forward"] = max(errors["err_forward"], _max_diff(out, ref_slice, pooled))
+                loss = _loss(out, targets, pooled)
+        loss.backward()
+        ref_loss.backward()
+        touched = {s.name: torch.cat([global_batch(batches)[f][1] for f in s.feature_names]) for s in specs}
+        ref_opt.step(ref_weights(ref, specs), touched)
+    errors.update(compare_shards(sharded, ref, ref_opt, specs))
+    errors["moved"] = max(float((shard.weight - tables[name][shard.rows, shard.cols]).abs().max())
+                          for name, shard in sharded.state_dict().items())
+    return sharded, ref, ref_opt, errors
+
+
+def ref_weights(ref, specs: list[TableSpec]) -> dict[str, Tensor]:
+    modules = ref.embedding_bags if hasattr(ref, "embedding_bags") else ref.embeddings
+    return {s.name: modules[s.name].weight for s in specs}
+
+
+def compare_shards(sharded, ref, ref_opt: ReferenceOptimizer, specs: list[TableSpec]) -> dict[str, float]:
+    errors = {"err_weights": 0.0, "err_optimizer_state": 0.0}
+    weights = ref_weights(ref, specs)
+    for name, shard in sharded.state_dict().items():
+        errors["err_weights"] = max(errors["err_weights"], float((shard.weight - weights[name][shard.rows, shard.cols]).abs().max()))
+        for key, value in shard.optimizer_state.items():
+            expected = ref_opt.block_state(name, key, shard.rows, shard.cols, value.dim())
+            errors["err_optimizer_state"] = max(errors["err_optimizer_state"], float((value.float() - expected.float()).abs().max()))
+    return errors
+
+
+def run_training(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, **kwargs) -> dict[str, float]:
+    return train(specs, plan, pg, **kwargs)[3]
+
+
+def run_state_roundtrip(plan: ShardingPlan, other_plan: ShardingPlan, pg: dist.ProcessGroup) -> dict[str, float]:
+    """Train, then: reassemble tables from every rank's shards; load them into another plan;
+    restore shards + optimizer state into the same plan and take one more step on both."""
+    rank, W = dist.get_rank(pg), dist.get_world_size(pg)
+    sharded, ref, ref_opt, errors = train(POOLED, plan, pg, pooled=True, seed=11)
+    gathered: list = [None] * W
+    dist.all_gather_object(gathered, list(sharded.state_dict().values()), group=pg)
+    weights = ref_weights(ref, POOLED)
+    full = {}
+    for spec in POOLED:
+        full[spec.name] = assemble([s for shards in gathered for s in shards if s.table == spec.name])
+        errors["err_assembled"] = max(errors.get("err_assembled", 0.0), float((full[spec.name] - weights[spec.name]).abs().max()))
+    batches = make_batches(POOLED, W, False, seed=12)[0]
+    feats = features_of(POOLED)
+    expected = _rank_slice(ref(kjt(global_batch(batches), feats, False)), batches, rank, feats, True)
+    resharded = make_collection(POOLED, other_plan, pg, pooled=True)
+    resharded.load_state_dict(full)
+    errors["err_resharded_forward"] = _max_diff(resharded(kjt(batches[rank], feats, False)), expected, True)
+    restored = make_collection(POOLED, plan, pg, pooled=True)
+    restored.load_state_dict(sharded.state_dict())
+    gen = torch.Generator().manual_seed(13)
+    target = _targets(POOLED, batches[rank], True, gen)
+    for module in (sharded, restored):
+        _loss(module(kjt(batches[rank], feats, False)), target, True).backward()
+    errors["err_restored_step"] = max(
+        max(float((a.weight - b.weight).abs().max()) for a, b in zip(sharded.state_dict().values(), restored.state_dict().values())),
+        max((float((a.optimizer_state[k].float() - b.optimizer_state[k].float()).abs().max())
+             for a, b in zip(sharded.state_dict().values(), restored.state_dict().values()) for k in a.optimizer_state), default=0.0))
+    return errors
+
+
+def _targets(specs, batch, pooled: bool, gen: torch.Generator):
+    if pooled:
+        B = len(next(iter(batch.values()))[0])
+        return torch.randn(B, sum(s.embedding_dim * s.num_features for s in specs), generator=gen)
+    return {f: torch.randn(len(batch[f][1]), s.embedding_dim, generator=gen) for s in specs for f in s.feature_names}
+
+
+def _rank_slice(ref_out, batches, r: int, feats: list[str], pooled: bool):
+    """Rank r's part of the reference output on the global batch."""
+    if pooled:
+        first = sum(len(b[feats[0]][0]) for b in batches[:r])
+        return ref_out.values()[first:first + len(batches[r][feats[0]][0])]
+    out = {}
+    for f in feats:
+        first = sum(len(b[f][1]) for b in batches[:r])
+        out[f] = ref_out[f].values()[first:first + len(batches[r][f][1])]
+    return out
+
+
+def _loss(out, targets, pooled: bool) -> Tensor:
+    if pooled:
+        values = out if isinstance(out, Tensor) else out.values()
+        return (values * targets).sum()
+    return sum(((out[f] if isinstance(out[f], Tensor) else out[f].values()) * t).sum() for f, t in targets.items())
+
+
+def _max_diff(out, ref_slice, pooled: bool) -> float:
+    if pooled:
+        return float((out.values().detach() - ref_slice).abs().max()) if ref_slice.numel() else 0.0
+    worst = 0.0
+    for f, expected in ref_slice.items():
+        got = out[f].values().detach()
+        if got.shape != expected.shape:
+            return float("inf")
+        if got.numel():
+            worst = max(worst, float((got - expected).abs().max()))
+    return worst
+
+
+CaseFn = Callable[[dist.ProcessGroup], dict[str, float]]
+
+
+def training_cases(world_size: int) -> dict[str, CaseFn]:
+    topo = topology(world_size)
+    cases: dict[str, CaseFn] = {}
+    for stype in ShardingType:
+        for pooled, specs in ((True, POOLED), (False, SEQUENCE)):
+            plan = make_plan(specs, topo, [stype] * len(specs))
+            kind = "pooled" if pooled else "sequence"
+            cases[f"{stype.value}-{kind}"] = (lambda pg, s=specs, p=plan, pooled=pooled:
+                                              run_training(s, p, pg, pooled=pooled, mean=pooled))
+            if pooled:
+                cases[f"{stype.value}-pooled-weighted"] = (lambda pg, s=specs, p=plan:
+                                                           run_training(s, p, pg, pooled=True, weighted=True, seed=3))
+    mixed_pooled = make_plan(POOLED, topo, [ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE, ST.DATA_PARALLEL])
+    mixed_sequence = make_plan(SEQUENCE, topo, [ST.TABLE_ROW_WISE, ST.DATA_PARALLEL, ST.TABLE_COLUMN_WISE, ST.TABLE_WISE])
+    cases["mixed-pooled"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=5)
+    cases["mixed-pooled-weighted"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True, seed=6)
+    cases["mixed-sequence"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False, seed=7)
+    all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
+    cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
+    return cases
