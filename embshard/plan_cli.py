@@ -33,7 +33,7 @@ from embshard.specs import tables_from_list
 from embshard.topology import Topology
 
 CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks")
-PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "seed")
+PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s")
 EXIT_BAD_INPUT = 2
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
 # a relative config_path of an imported module as a Python package.
@@ -94,10 +94,7 @@ def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
     use_ilp = raw.get("use_ilp", True)
     if not isinstance(use_ilp, bool):
         raise ValueError(f"{where}.use_ilp: must be true or false, got {use_ilp!r}")
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{where}.seed: must be an integer, got {seed!r}")
-    return {**seconds, "use_ilp": use_ilp, "seed": seed}
+    return {**seconds, "use_ilp": use_ilp}
 
 
 def fail(message: str) -> None:

@@ -20,6 +20,7 @@ from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
 from embshard.planner.search.local import local_search
+from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import COMPUTE_KERNEL, Constraints, Perf, Shard, ShardingType, Storage
@@ -32,12 +33,13 @@ class PlanInfeasibleError(ValueError):
 
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
-         time_budget_s: float = 10.0, use_ilp: bool = True, ilp_time_s: float = 1.0, seed: int = 0) -> ShardingPlan:
+         time_budget_s: float = 10.0, use_ilp: bool = True, ilp_time_s: float = 1.0) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
-    Greedy starts polished by local search run within `time_budget_s`; then, for problems
-    small enough and plans more than 1% above the LP bound, an exact MILP runs for up to
-    `ilp_time_s` more, which may improve the plan and tighten the bound.
+    Greedy starts and a target-packing bisection, each polished by local search, run within
+    `time_budget_s`; then, for problems small enough and plans more than 1% above the LP
+    bound, an exact MILP runs for up to `ilp_time_s` more, which may improve the plan and
+    tighten the bound. The search is deterministic: the same inputs give the same plan.
     """
     t0 = time.perf_counter()
     specs = tuple(specs)
@@ -47,7 +49,12 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     check_memory(problem)
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
-    state, method = _best_start(problem, deadline)
+    state, method = _best_start(problem, t0 + time_budget_s / 2)
+    packed = target_pack(problem, default_order(problem), bound, max(state.costs()), deadline)
+    if packed is not None:
+        packed, steps = local_search(packed, deadline)
+        if max(packed.costs()) < max(state.costs()):
+            state, method = packed, f"target packing+local_search({steps} steps)"
     if use_ilp and max(state.costs()) > bound * 1.01:
         improved, ilp_bound, note = improve_with_ilp(problem, state, time.perf_counter() + ilp_time_s)
         if improved is not None:
@@ -74,7 +81,7 @@ def _best_start(problem: Problem, deadline: float) -> tuple[RankState, str]:
             failure = e
             continue
         now = time.perf_counter()
-        steps = local_search(state, now + (deadline - now) / (len(starts) - i))
+        state, steps = local_search(state, now + (deadline - now) / (len(starts) - i))
         obj = max(state.costs())
         if obj < best_obj:
             best, best_obj, method = state, obj, f"{name}+local_search({steps} steps)"

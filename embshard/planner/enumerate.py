@@ -2,7 +2,8 @@
 
 Shard counts: powers of two up to the limit, plus the limit itself (world size for
 row-wise, the host size for table_row_wise/table_column_wise, columns/4 for column splits),
-restricted by pinned ranks. Host-bound types are offered only on multi-host topologies
+restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE) are offered only
+data_parallel and table_wise: splitting them cannot help balance. Host-bound types are offered only on multi-host topologies
 (on one host they equal row_wise/column_wise) unless they are the only allowed type.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.splits import col_splits, row_splits
-from embshard.planner.types import Block, Candidate, Perf, ShardCost, ShardingType, TableConstraint
+from embshard.planner.types import Candidate, Perf, ShardCost, ShardingType, TableConstraint
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -29,7 +30,7 @@ def _counts(limit: int) -> list[int]:
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Candidate | None:
     """The candidate for one type and shard count, or None if the table cannot be cut so."""
     if stype is ShardingType.DATA_PARALLEL:
-        return Candidate(spec.name, stype, (), (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
+        return Candidate(spec.name, stype, (), (), (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:
         rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols
@@ -41,18 +42,19 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     if rows is None or cols is None:
         return None
     costed: dict[tuple[int, int], ShardCost] = {}  # equal-sized blocks cost the same: compute once
-    blocks, shards = [], []
-    for ro, n in rows:
-        for co, d in cols:
+    for _, n in rows:
+        for _, d in cols:
             if (n, d) not in costed:
                 costed[(n, d)] = ShardCost(holder_perf(spec, topo, stype, n, d, num_shards), holder_storage(spec, topo, stype, n, d))
-            blocks.append(Block(ro, n, co, d))
-            shards.append(costed[(n, d)])
-    return Candidate(spec.name, stype, tuple(blocks), tuple(shards), requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
+    shards = tuple(costed[(n, d)] for _, n in rows for _, d in cols)
+    return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
 
 
-def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint) -> list[Candidate]:
+def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True) -> list[Candidate]:
+    """Candidates the constraint allows; with splits=False only data_parallel and table_wise."""
     allowed = set(constraint.sharding_types)
+    if not splits:
+        allowed &= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE}
     ranks = constraint.ranks if constraint.ranks is not None else tuple(range(topo.world_size))
     per_host: dict[int, int] = {}
     for r in ranks:
@@ -77,14 +79,4 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
             specs += [(stype, k) for k in _counts(limit)]
     return [c for stype, k in specs if (c := candidate(spec, topo, stype, k)) is not None]
-
-
-def min_storage_per_rank(cand: Candidate) -> int:
-    """Bytes the candidate's largest shard needs on one rank (plus its every-rank part)."""
-    biggest = max((s.storage.total_bytes for s in cand.shards), default=0)
-    return biggest + cand.every_rank_storage.total_bytes
-
-
-def total_storage(cand: Candidate, world_size: int) -> int:
-    return sum(s.storage.total_bytes for s in cand.shards) + world_size * cand.every_rank_storage.total_bytes
 

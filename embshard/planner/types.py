@@ -141,8 +141,8 @@ class Block:
 class Candidate:
     """One way to shard a table, not yet on ranks.
 
-    blocks / shards: each shard's block of the table and what its holder rank pays for it
-      (both empty for data_parallel).
+    row_spans x col_spans: the shards' blocks of the table; shards: what each block's holder
+      rank pays for it (all empty for data_parallel).
     requester: all-to-all time every rank pays as the owner of its own samples.
     every_rank / every_rank_storage: what every rank pays regardless of placement
       (a data-parallel replica, or the buffers for its own samples' outputs).
@@ -150,8 +150,9 @@ class Candidate:
 
     table: str
     sharding_type: ShardingType
-    blocks: tuple[Block, ...]
-    shards: tuple[ShardCost, ...]
+    row_spans: tuple[tuple[int, int], ...]  # (row_offset, num_rows) per row block
+    col_spans: tuple[tuple[int, int], ...]  # (col_offset, num_cols) per column block
+    shards: tuple[ShardCost, ...]  # one per (row block, column block), rows outer
     requester: Perf
     every_rank: Perf
     every_rank_storage: Storage
@@ -159,6 +160,10 @@ class Candidate:
     @property
     def num_shards(self) -> int:
         return len(self.shards)
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(Block(ro, n, co, d) for ro, n in self.row_spans for co, d in self.col_spans)
 
     @property
     def label(self) -> str:

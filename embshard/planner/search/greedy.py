@@ -13,16 +13,19 @@ from __future__ import annotations
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
+HOSTS_TRIED = 2  # host-bound layouts: hosts that fit and are compared
+
+
 class Unplaceable(Exception):
     def __init__(self, unit_index: int) -> None:
         super().__init__(unit_index)
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int]) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float]) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
-    by_cost: the unit's allowed ranks, cheapest first.
+    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
     """
     if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
         return None
@@ -35,13 +38,20 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int]) -> tupl
     hosts: dict[int, list[int]] = {}
     for r in by_cost:
         hosts.setdefault(r // L, []).append(r)
-    best, best_val = None, float("inf")
-    for ranks in hosts.values():
+    # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete
+    k = cv.num_shards
+    ranked = sorted((ranks for ranks in hosts.values() if len(ranks) >= k), key=lambda rs: costs[rs[k - 1]])
+    best, best_val, fitted = None, float("inf"), 0
+    for ranks in ranked:
         pick = _assign(state, cv, order, ranks)
-        if pick is not None:
-            val = max(state.cost_with(r, cv.shard_vec[i], 1) for i, r in enumerate(pick))
-            if val < best_val:
-                best, best_val = pick, val
+        if pick is None:
+            continue
+        val = max(costs[r] + cv.shard_cost[i] for i, r in enumerate(pick))
+        if val < best_val:
+            best, best_val = pick, val
+        fitted += 1
+        if fitted == HOSTS_TRIED:
+            break
     return best
 
 
@@ -77,7 +87,7 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     """
     state = RankState(problem)
     for ui, ci in (replicate or {}).items():
-        if place(state, problem.units[ui], problem.units[ui].cands[ci], []) is not None:
+        if place(state, problem.units[ui], problem.units[ui].cands[ci], [], []) is not None:
             state.add(ui, ci, ())
     order = [ui for ui in order if state.choice[ui] is None]
     W = problem.topo.world_size
@@ -92,11 +102,11 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         by_cost = sorted(unit.ranks, key=costs.__getitem__)
         best = None
         for ci, cv in enumerate(unit.cands):
-            pick = place(state, unit, cv, by_cost)
+            pick = place(state, unit, cv, by_cost, costs)
             if pick is None:
                 continue
             shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
-            touched = max((state.cost_with(r, cv.shard_vec[i], 1) for i, r in enumerate(pick)), default=0.0)
+            touched = max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0)
             work = cv.work_ms + W * shift
             score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
             key = (score, work)

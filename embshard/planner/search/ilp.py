@@ -157,7 +157,7 @@ def improve_with_ilp(problem: Problem, state: RankState, deadline: float) -> tup
         ranks = () if cv.data_parallel else tuple(r for r in unit.ranks if x[index[("a", ui, ci, r)]] > 0.5)
         assert len(ranks) == (0 if cv.data_parallel else cv.num_shards)
         new.add(ui, ci, ranks)
-    local_search(new, deadline + 1.0)
+    new, _ = local_search(new, deadline + 1.0)
     status = "optimal" if res.status == 0 else "time limit"
     if _objective(new) < heuristic - 1e-9 and all(new.mem[r] + new.UM <= problem.cap_bytes for r in range(W)):
         return new, bound, f"ilp({status}, improved)"

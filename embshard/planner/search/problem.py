@@ -53,17 +53,16 @@ class CandVec:
 
 def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology) -> CandVec:
     """Flatten one candidate per member table (members of a unit are placed shard-aligned)."""
-    k = cands[0].num_shards
-    assert all(c.num_shards == k and c.sharding_type is cands[0].sharding_type for c in cands)
-    vecs, mems = [], []
-    memo: dict[tuple[int, ...], tuple[tuple[float, float, float, float], int]] = {}
-    for i in range(k):
-        key = tuple(id(c.shards[i]) for c in cands)  # equal blocks share one ShardCost
-        if key not in memo:
-            parts = [perf_vector(c.shards[i].perf) for c in cands]
-            memo[key] = (tuple(sum(col) for col in zip(*parts)), sum(c.shards[i].storage.total_bytes for c in cands))
-        vecs.append(memo[key][0])
-        mems.append(memo[key][1])
+    assert all(c.num_shards == cands[0].num_shards and c.sharding_type is cands[0].sharding_type for c in cands)
+    # equal blocks share one ShardCost object: flatten each distinct one once
+    columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
+    distinct = {tuple(map(id, parts)): parts for parts in columns}
+    flat = {}
+    for key, parts in distinct.items():
+        vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
+        flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
+    per_shard = [flat[tuple(map(id, parts))] for parts in columns]
+    vecs = [f[0] for f in per_shard]
     req = [0.0, 0.0, 0.0]
     every_ms, every_mem = 0.0, 0
     for c, spec in zip(cands, specs):
@@ -73,7 +72,7 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         # every layout pays the requester buffers; they are reserved up front (Problem.base_mem)
         every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo).total_bytes
     st = cands[0].sharding_type
-    return CandVec(tuple(cands), tuple(vecs), tuple(sum(v) for v in vecs), tuple(mems), tuple(req),
+    return CandVec(tuple(cands), tuple(vecs), tuple(f[1] for f in per_shard), tuple(f[2] for f in per_shard), tuple(req),
                    every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL)
 
 
@@ -101,8 +100,24 @@ class Problem:
         return self.cap_bytes - self.base_mem
 
 
+SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a rank's average load or memory
+
+
+def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> set[str]:
+    """Tables big enough (in predicted time or bytes, whole) for splitting to matter."""
+    whole = {}
+    for s in specs:
+        if ShardingType.TABLE_WISE in constraints.for_table(s.name).sharding_types:
+            c = candidate(s, topo, ShardingType.TABLE_WISE, 1)
+            whole[s.name] = (c.shards[0].perf.total_ms, c.shards[0].storage.total_bytes)
+    avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
+    limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
+    return {s.name for s in specs if s.name not in whole or whole[s.name][0] > SPLIT_SHARE * avg_ms or whole[s.name][1] > limit_bytes}
+
+
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> Problem:
     by_name = {s.name: s for s in specs}
+    worthy = _split_worthy(specs, topo, constraints)
     grouped = {n for g in constraints.keep_together for n in g}
     members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
     units = []
@@ -116,7 +131,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
-            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name)))
+            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
@@ -143,6 +158,18 @@ class RankState:
         self.UM = problem.base_mem
         self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
         self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
+
+    def copy(self) -> "RankState":
+        """An independent copy sharing the (immutable) problem."""
+        new = RankState.__new__(RankState)
+        new.problem = self.problem
+        new.H = [list(h) for h in self.H]
+        new.mem = list(self.mem)
+        new.U = list(self.U)
+        new.E, new.UM = self.E, self.UM
+        new.held = [dict(h) for h in self.held]
+        new.choice = list(self.choice)
+        return new
 
     def cost(self, r: int) -> float:
         h, u = self.H[r], self.U
