@@ -52,7 +52,7 @@ BAD = {
     "unknown_option": (["tables=nope"], "Could not find 'tables/nope'"),
     "bad_override": (["topology.world_size=="], "Error parsing override 'topology.world_size=='"),
     "unwritable_out": (["out={user}/tables/mine.yaml/plan.json"], "cannot write the plan"),
-    "bad_planner_option": (["planner.use_ilp=maybe"], "planner.use_ilp: must be true or false, got 'maybe'"),
+    "bad_planner_option": (["planner.ilp_time_s=-1"], "planner.ilp_time_s: must be a positive number of seconds, got -1"),
 }
 
 
