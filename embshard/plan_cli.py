@@ -33,7 +33,7 @@ from embshard.specs import tables_from_list
 from embshard.topology import Topology
 
 CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks")
-PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s")
+PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
 EXIT_BAD_INPUT = 2
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
 # a relative config_path of an imported module as a Python package.
@@ -91,10 +91,12 @@ def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{where}.{key}: must be a positive number of seconds, got {value!r}")
         seconds[key] = float(value)
-    use_ilp = raw.get("use_ilp", True)
-    if not isinstance(use_ilp, bool):
-        raise ValueError(f"{where}.use_ilp: must be true or false, got {use_ilp!r}")
-    return {**seconds, "use_ilp": use_ilp}
+    flags = {}
+    for key, default in (("use_ilp", False), ("torchrec_compatible", False)):
+        flags[key] = raw.get(key, default)
+        if not isinstance(flags[key], bool):
+            raise ValueError(f"{where}.{key}: must be true or false, got {flags[key]!r}")
+    return {**seconds, **flags}
 
 
 def fail(message: str) -> None:

@@ -33,19 +33,24 @@ class PlanInfeasibleError(ValueError):
 
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
-         time_budget_s: float = 10.0, use_ilp: bool = True, ilp_time_s: float = 1.0) -> ShardingPlan:
+         time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
+         torchrec_compatible: bool = False) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Greedy starts and a target-packing bisection, each polished by local search, run within
     `time_budget_s`; then, for problems small enough and plans more than 1% above the LP
     bound, an exact MILP runs for up to `ilp_time_s` more, which may improve the plan and
-    tighten the bound. The search is deterministic: the same inputs give the same plan.
+    tighten the bound (off by default: on the shipped workloads it costs seconds and has not
+    beaten the heuristics). torchrec_compatible restricts layouts to those TorchRec's runtime
+    can run (row_wise over all ranks, table_row_wise over whole hosts), so the plan exports
+    with embshard.interop.torchrec. The search is deterministic: the same inputs give the
+    same plan.
     """
     t0 = time.perf_counter()
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
-    problem = build_problem(specs, topology, constraints)
+    problem = build_problem(specs, topology, constraints, torchrec_compatible)
     check_memory(problem)
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
@@ -62,7 +67,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         bound = max(bound, ilp_bound)
         method += f"+{note}"
     placements = placements_of(problem, state)
-    search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s}
+    search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s,
+              "torchrec_compatible": torchrec_compatible}
     return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search)
 
 

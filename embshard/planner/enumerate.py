@@ -50,8 +50,13 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
 
 
-def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True) -> list[Candidate]:
-    """Candidates the constraint allows; with splits=False only data_parallel and table_wise."""
+def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
+                         torchrec_compatible: bool = False) -> list[Candidate]:
+    """Candidates the constraint allows; with splits=False only data_parallel and table_wise.
+
+    torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
+    ranks and table_row_wise over a whole host.
+    """
     allowed = set(constraint.sharding_types)
     if not splits:
         allowed &= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE}
@@ -72,11 +77,12 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
         elif stype is ShardingType.TABLE_WISE:
             specs.append((stype, 1))
         elif stype is ShardingType.ROW_WISE:
-            specs += [(stype, k) for k in _counts(len(ranks))]
+            specs += [(stype, k) for k in _counts(len(ranks)) if not torchrec_compatible or k == topo.world_size]
         elif stype is ShardingType.COLUMN_WISE:
             specs += [(stype, k) for k in _counts(min(len(ranks), spec.embedding_dim // 4))]
         elif multi_host or host_types_needed:
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
-            specs += [(stype, k) for k in _counts(limit)]
+            whole_host_only = torchrec_compatible and stype is ShardingType.TABLE_ROW_WISE
+            specs += [(stype, k) for k in _counts(limit) if not whole_host_only or k == topo.local_world_size]
     return [c for stype, k in specs if (c := candidate(spec, topo, stype, k)) is not None]
 

@@ -136,3 +136,18 @@ def test_856_tables_on_128_ranks_plans_within_budget():
     assert len(p.tables) == 856
     assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
     assert p.lower_bound_ms <= p.max_rank_ms
+
+
+def test_torchrec_compatible_layouts_export():
+    from embshard.interop.torchrec import to_torchrec_plan
+
+    specs = generate_tables(60, seed=5)
+    sizes = [s.num_embeddings * s.embedding_dim * s.element_bytes for s in specs]
+    topo = Topology(world_size=16, local_world_size=8, hbm_gib=round(sum(sizes) * 1.6 / 16 / GIB, 1))
+    p = plan(specs, topo, time_budget_s=3, torchrec_compatible=True)
+    for t in p.tables:
+        if t.sharding_type is ShardingType.ROW_WISE:
+            assert len(t.shards) == 16
+        if t.sharding_type is ShardingType.TABLE_ROW_WISE:
+            assert len(t.shards) == 8
+    assert set(to_torchrec_plan(p, "ebc").plan["ebc"]) == {s.name for s in specs}

@@ -115,7 +115,7 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     return {s.name for s in specs if s.name not in whole or whole[s.name][0] > SPLIT_SHARE * avg_ms or whole[s.name][1] > limit_bytes}
 
 
-def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> Problem:
+def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False) -> Problem:
     by_name = {s.name: s for s in specs}
     worthy = _split_worthy(specs, topo, constraints)
     grouped = {n for g in constraints.keep_together for n in g}
@@ -131,7 +131,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
-            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy))
+            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
