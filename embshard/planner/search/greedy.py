@@ -99,7 +99,7 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         remaining -= min_work[ui]
         costs = state.costs()
         cur_max = max(costs)
-        by_cost = sorted(unit.ranks, key=costs.__getitem__)
+        by_cost = state.cheapest_first(unit.ranks, costs)
         best = None
         for ci, cv in enumerate(unit.cands):
             pick = place(state, unit, cv, by_cost, costs)

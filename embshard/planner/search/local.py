@@ -139,7 +139,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
     for ui in _reshard_targets(state, r, max_units):
         old = state.remove(ui)
         base = state.costs()
-        by_cost = sorted(units[ui].ranks, key=base.__getitem__)
+        by_cost = state.cheapest_first(units[ui].ranks, base)
         best = None
         for ci, cv in enumerate(units[ui].cands):
             pick = place(state, units[ui], cv, by_cost, base)
@@ -169,7 +169,7 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
     while steps < max_steps and time.perf_counter() < deadline:
         costs = state.costs()
         r = max(range(len(costs)), key=costs.__getitem__)
-        by_cost = sorted(range(len(costs)), key=costs.__getitem__)
+        by_cost = state.cheapest_first(range(len(costs)), costs)
         if _try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost):
             steps += 1
             continue

@@ -22,7 +22,7 @@ def _pack(problem: Problem, order: list[int], target: float) -> RankState | None
         unit = problem.units[ui]
         costs = state.costs()
         cur_max = max(costs)
-        by_cost = sorted(unit.ranks, key=costs.__getitem__)
+        by_cost = state.cheapest_first(unit.ranks, costs)
         fallback = None
         chosen = None
         for ci in sorted(range(len(unit.cands)), key=lambda c: unit.cands[c].work_ms + W * (unit.cands[c].every_ms + sum(unit.cands[c].req_vec))):

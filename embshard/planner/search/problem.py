@@ -183,6 +183,11 @@ class RankState:
     def costs(self) -> list[float]:
         return [self.cost(r) for r in range(len(self.H))]
 
+    def cheapest_first(self, ranks, costs: list[float]) -> list[int]:
+        """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
+        by the work they hold, so hidden holder load stays balanced too."""
+        return sorted(ranks, key=lambda r: (costs[r], sum(self.H[r])))
+
     def fits(self, r: int, extra_bytes: int) -> bool:
         return self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
 
