@@ -191,7 +191,10 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
             if cv.data_parallel:
                 shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
             else:
-                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))
+                # row blocks go to their ranks in rank order (TorchRec's convention; the
+                # blocks differ at most in the last one, so the search's choice stands)
+                order = sorted(ranks) if cand.sharding_type.splits_rows else ranks
+                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(order, cand.blocks))
             out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
     return out
 
