@@ -151,3 +151,19 @@ def test_torchrec_compatible_layouts_export():
         if t.sharding_type is ShardingType.TABLE_ROW_WISE:
             assert len(t.shards) == 8
     assert set(to_torchrec_plan(p, "ebc").plan["ebc"]) == {s.name for s in specs}
+
+
+def test_row_wise_partial_sums_are_reduced_inside_a_host_first():
+    from embshard.planner.cost.perf import holder_perf
+
+    spec = TableSpec("t", 1_000_000, 128, pooling_factor=4.0)
+    topo = Topology(world_size=16, local_world_size=8, hbm_gib=8)
+    rows = 1_000_000 // 16
+    rw_all = holder_perf(spec, topo, ShardingType.ROW_WISE, rows, 128, 16)  # 8 shards per host
+    rw_spread = holder_perf(spec, topo, ShardingType.ROW_WISE, rows, 128, 2)  # one per host
+    twrw = holder_perf(spec, topo, ShardingType.TABLE_ROW_WISE, rows, 128, 8)
+    assert rw_all.output_dist_fwd_ms == pytest.approx(twrw.output_dist_fwd_ms)
+    assert rw_all.output_dist_fwd_ms < rw_spread.output_dist_fwd_ms / 2
+    seq = TableSpec("s", 1_000_000, 128, pooling_factor=4.0, pooled=False)
+    # sequence rows are not summed: nothing to reduce, each id's row travels once
+    assert holder_perf(seq, topo, ShardingType.ROW_WISE, rows, 128, 16).output_dist_fwd_ms < rw_all.output_dist_fwd_ms

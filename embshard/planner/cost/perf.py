@@ -8,6 +8,9 @@ Who pays what:
 - The shard's *holder* receives the ids routed to it, runs the lookup forward and backward
   (with the fused optimizer), and sends its outputs (pooled sums, row-wise partial sums,
   or one row per id for sequence tables) back; in backward it receives their gradients.
+  Row-wise partial sums are reduced among the k_h row shards of a host first (k_h = k for
+  table_row_wise, k spread evenly over the hosts for row_wise), so only 1/k_h of them
+  crosses hosts.
 - Every rank, as the *requester* of its own B samples, sends its ids to each shard and
   receives its outputs (and sends their gradients). This does not depend on placement.
 - Data-parallel tables cost *every rank* a local lookup, a dense update and a gradient
@@ -90,9 +93,11 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_bytes = out_rows * num_cols * e
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
-    if stype is ShardingType.TABLE_ROW_WISE and spec.pooled:
-        # partial sums are reduce-scattered inside the host, then 1/k of them leave it
-        out_ms = host_comm_ms(out_bytes, num_shards, topo) + spread_comm_ms(out_bytes / num_shards, topo)
+    if stype.splits_rows and spec.pooled:
+        # partial sums are first reduce-scattered among the row shards that share a host,
+        # then each sends its 1/k_h of the host's sums to the sample owners
+        per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
+        out_ms = host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(out_bytes / per_host, topo)
     else:
         out_ms = spread_comm_ms(out_bytes, topo)
     return Perf(
