@@ -1,0 +1,356 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): every rank writes its own
+shards, nothing is gathered, and a checkpoint loads into any plan and world size.
+
+    save(root, step, parts, ctx, info, rank_info, keep_last)  -> root/step_000300/
+    load(path, parts, ctx)                                    -> what the run needs to continue
+
+Layout of ``step_NNNNNN/``: DCP's files (``.metadata``, ``__R_0.distcp``), ``train_state.json``
+(step, samples consumed, tables, dense shapes, optimizer) and ``rank_R.json`` (RNG and data
+position of rank R). Tensors are keyed ``tables.NAME.weight`` / ``tables.NAME.STATE`` (a
+ShardedTensor of the full table's shape, or a plain tensor for data-parallel tables),
+``dense.PARAM`` and ``dense_optim.PARAM.STATE``. Row-wise optimizer state (one value per
+row and column block) is stored spread over the block's columns, [rows, dim], so it
+reshards like the weights and a block reads back exactly.
+
+Safety: a save goes to ``.tmp-step_NNNNNN`` and is renamed when complete, so a failed
+write leaves the previous checkpoint as it was. A load checks the tables, shapes and
+optimizers against the run before touching anything and refuses a mismatch by name; DCP's
+metadata is unpickled with an allow-list of its own classes, and tensors are read with
+``torch.load(weights_only=True)`` (DCP's default reader) -- no arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, init_from_local_shards
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+from embshard.runtime.lookup import TORCH_DTYPE
+from embshard.runtime.optim import state_shapes
+from embshard.runtime.state import TableShard
+from embshard.specs import TableSpec
+from embshard.train.distributed import RankContext, barrier
+
+FORMAT, VERSION = "embshard-train-checkpoint", 1
+STATE_FILE = "train_state.json"
+STEP_PREFIX, TMP_PREFIX = "step_", ".tmp-"
+# DCP deprecates ShardedTensor for DTensor, which cannot express uneven or irregular blocks;
+# and it warns on every single-process load, which is what no_dist asks for.
+warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*")
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized.*")
+
+
+class CheckpointError(RuntimeError):
+    """Writing a checkpoint failed; the previous ones are intact."""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a checkpoint holds of a run, and how to put it back."""
+
+    specs: tuple[TableSpec, ...]
+    table_shards: Callable[[], dict[str, TableShard]]  # this rank's blocks, with optimizer state
+    load_tables: Callable[[dict[str, TableShard]], None]
+    dense: tuple[tuple[str, nn.Parameter], ...]
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str
+
+
+@dataclass(frozen=True)
+class Restored:
+    path: Path
+    step: int
+    info: dict[str, Any]  # train_state.json
+    rank_info: dict[str, Any]  # this rank's rank_R.json, or {} when the world size changed
+
+
+# ---- save -------------------------------------------------------------------------------
+def save(root: Path, step: int, parts: Parts, ctx: RankContext, info: dict[str, Any], rank_info: dict[str, Any],
+         keep_last: int) -> Path:
+    name = f"{STEP_PREFIX}{step:06d}"
+    final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
+    if ctx.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(stale)
+    barrier(ctx)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        dcp.save(_state_dict(parts, ctx), storage_writer=FileSystemWriter(tmp), process_group=ctx.pg, no_dist=ctx.pg is None)
+    except (OSError, CheckpointException) as e:
+        raise CheckpointError(f"checkpoint: writing {tmp} failed ({str(e).splitlines()[0][:300]}); the previous "
+                              f"checkpoints in {root} are intact") from None
+    _write_json(tmp / f"rank_{ctx.rank}.json", rank_info)
+    barrier(ctx)
+    if ctx.is_main:
+        _write_json(tmp / STATE_FILE, {
+            "format": FORMAT, "version": VERSION, "step": step, "world_size": ctx.world_size, **info,
+            "tables": [{k: getattr(s, k) for k in ("name", "num_embeddings", "embedding_dim", "optimizer", "dtype")}
+                       for s in parts.specs],
+            "dense": {n: list(p.shape) for n, p in parts.dense}, "dense_optimizer": parts.optimizer_name})
+        if final.exists():
+            old = root / f"{TMP_PREFIX}old-{name}"
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(final)
+        for stale in sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())[:-keep_last]:
+            shutil.rmtree(stale)
+    barrier(ctx)
+    return final
+
+
+def _state_dict(parts: Parts, ctx: RankContext) -> dict[str, Any]:
+    local = parts.table_shards()
+    out: dict[str, Any] = {}
+    for spec in parts.specs:
+        shard = local.get(spec.name)
+        tensors = {"weight": shard.weight} if shard is not None else {}
+        if shard is not None:
+            for key, value in shard.optimizer_state.items():
+                tensors[key] = value if value.dim() != 1 else value[:, None].expand(shard.weight.shape).contiguous()
+        for key in _table_keys(spec):
+            full = f"tables.{spec.name}.{key}"
+            if key == "step":
+                if shard is not None:
+                    out[full] = tensors[key]
+            elif shard is not None and shard.replicated:
+                out[full] = tensors[key]
+            else:
+                out[full] = _sharded(tensors.get(key), shard, spec, ctx)
+    for name, param in parts.dense:
+        out[f"dense.{name}"] = param.detach()
+        for key, value in parts.optimizer.state.get(param, {}).items():
+            if isinstance(value, Tensor):
+                out[f"dense_optim.{name}.{key}"] = value
+    return out
+
+
+def _table_keys(spec: TableSpec) -> list[str]:
+    return ["weight", *state_shapes(spec.optimizer, 1, 1)] + (["step"] if spec.optimizer == "adam" else [])
+
+
+def _sharded(block: Tensor | None, shard: TableShard | None, spec: TableSpec, ctx: RankContext) -> ShardedTensor:
+    """A ShardedTensor of the full table's shape from this rank's block (collective: every rank calls it)."""
+    local = []
+    if shard is not None:
+        meta = ShardMetadata([shard.row_offset, shard.col_offset], list(shard.weight.shape), f"rank:{ctx.rank}/{block.device}")
+        local.append(Shard(block, meta))
+    return init_from_local_shards(local, spec.num_embeddings, spec.embedding_dim, process_group=ctx.pg)
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    with path.open("w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---- load -------------------------------------------------------------------------------
+def resolve(path: str | Path) -> Path:
+    """A step folder, or the latest complete step folder of a checkpoints folder."""
+    path = Path(path)
+    if (path / STATE_FILE).exists():
+        return path
+    steps = sorted(p for p in path.glob(f"{STEP_PREFIX}*") if (p / STATE_FILE).exists()) if path.is_dir() else []
+    if not steps:
+        raise ValueError(f"checkpoint.resume_from={path}: no checkpoint there (no {STATE_FILE}); give a step_NNNNNN "
+                         "folder written by embshard-train, or the checkpoints folder that holds them")
+    return steps[-1]
+
+
+def load(path: str | Path, parts: Parts, ctx: RankContext) -> Restored:
+    """Check the checkpoint against the run, then load it into ``parts`` (any plan, any world size)."""
+    path = resolve(path)
+    info = read_info(path)
+    check_compatible(info, parts, path)
+    metadata = read_metadata(path)
+    dest, expected = _destination(parts, ctx, metadata, path)
+    for key, (shape, dtype) in expected.items():
+        _check_entry(metadata, key, shape, dtype, path)
+    try:
+        dcp.load(dest, storage_reader=SafeReader(path), process_group=ctx.pg, no_dist=ctx.pg is None)
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank read failures (truncated or corrupt files)
+        raise ValueError(f"checkpoint {path}: cannot read its tensors, the files are corrupt or truncated "
+                         f"({str(e).splitlines()[0][:300]}); nothing was loaded") from None
+    _apply(dest, parts)
+    rank_file = path / f"rank_{ctx.rank}.json"
+    rank_info = json.loads(rank_file.read_text()) if info["world_size"] == ctx.world_size and rank_file.exists() else {}
+    return Restored(path, int(info["step"]), info, rank_info)
+
+
+def read_info(path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads((path / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"checkpoint {path}: {STATE_FILE} is unreadable or corrupt ({e})") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != VERSION:
+        raise ValueError(f"checkpoint {path}: not an embshard-train checkpoint of version {VERSION}")
+    return info
+
+
+def check_compatible(info: dict[str, Any], parts: Parts, path: Path) -> None:
+    saved = {t["name"]: t for t in info["tables"]}
+    run = {s.name: s for s in parts.specs}
+    problems = []
+    if set(saved) != set(run):
+        problems.append(f"tables only in the checkpoint {sorted(set(saved) - set(run))[:5]}, only in this run "
+                        f"{sorted(set(run) - set(saved))[:5]}")
+    for name in sorted(set(saved) & set(run)):
+        s, r = saved[name], run[name]
+        if (s["num_embeddings"], s["embedding_dim"]) != (r.num_embeddings, r.embedding_dim):
+            problems.append(f"table {name!r} is {s['num_embeddings']}x{s['embedding_dim']} in the checkpoint but "
+                            f"{r.num_embeddings}x{r.embedding_dim} here")
+        elif (s["optimizer"], s["dtype"]) != (r.optimizer, r.dtype):
+            problems.append(f"table {name!r} has optimizer {s['optimizer']}, {s['dtype']} in the checkpoint but "
+                            f"{r.optimizer}, {r.dtype} here")
+    dense = {n: list(p.shape) for n, p in parts.dense}
+    for name in sorted(set(dense) | set(info["dense"])):
+        if dense.get(name) != info["dense"].get(name):
+            problems.append(f"dense parameter {name!r} has shape {info['dense'].get(name)} in the checkpoint but "
+                            f"{dense.get(name)} here")
+    if info["dense_optimizer"] != parts.optimizer_name:
+        problems.append(f"dense optimizer {info['dense_optimizer']} in the checkpoint, {parts.optimizer_name} here")
+    if problems:
+        raise ValueError(f"checkpoint {path} does not match this run: {'; '.join(problems[:4])}"
+                         f"{' ...' if len(problems) > 4 else ''}; resume with the tables, model and optimizers it was "
+                         "trained with")
+
+
+def _destination(parts: Parts, ctx: RankContext, metadata: Metadata, path: Path
+                 ) -> tuple[dict[str, Any], dict[str, tuple[list[int], torch.dtype]]]:
+    """Empty tensors in this run's layout to load into, and the shape and dtype each key must have."""
+    local = parts.table_shards()
+    dest: dict[str, Any] = {}
+    expected: dict[str, tuple[list[int], torch.dtype]] = {}
+    for spec in parts.specs:
+        shard = local.get(spec.name)
+        for key in _table_keys(spec):
+            full = f"tables.{spec.name}.{key}"
+            if key == "step":
+                if shard is not None:
+                    dest[full], expected[full] = torch.zeros((), dtype=torch.int64), ([], torch.int64)
+                continue
+            dtype = TORCH_DTYPE[spec.dtype] if key == "weight" else torch.float32
+            expected[full] = ([spec.num_embeddings, spec.embedding_dim], dtype)
+            block = torch.zeros(shard.weight.shape, dtype=dtype, device=shard.weight.device) if shard else None
+            dest[full] = block if shard is not None and shard.replicated else _sharded(block, shard, spec, ctx)
+    for name, param in parts.dense:
+        dest[f"dense.{name}"] = torch.empty_like(param.detach())
+        expected[f"dense.{name}"] = (list(param.shape), param.dtype)
+        prefix = f"dense_optim.{name}."
+        for key, entry in metadata.state_dict_metadata.items():
+            if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata):
+                dest[key] = torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+                if list(entry.size) not in ([], list(param.shape)):
+                    raise ValueError(f"checkpoint {path}: {key} has shape {list(entry.size)}, expected {list(param.shape)}")
+    return dest, expected
+
+
+def _check_entry(metadata: Metadata, key: str, shape: list[int], dtype: torch.dtype, path: Path) -> None:
+    entry = metadata.state_dict_metadata.get(key)
+    if not isinstance(entry, TensorStorageMetadata):
+        raise ValueError(f"checkpoint {path}: no tensor {key!r}; the checkpoint is incomplete or corrupt")
+    if list(entry.size) != shape or entry.properties.dtype != dtype:
+        raise ValueError(f"checkpoint {path}: {key} is {list(entry.size)} {entry.properties.dtype}, this run needs "
+                         f"{shape} {dtype}")
+
+
+def _apply(dest: dict[str, Any], parts: Parts) -> None:
+    """Copy the loaded tensors into the tables, dense parameters and dense optimizer."""
+    shards = {}
+    for name, template in parts.table_shards().items():
+        spec = next(s for s in parts.specs if s.name == name)
+
+        def block(key: str) -> Tensor:
+            value = dest[f"tables.{name}.{key}"]
+            return value.local_shards()[0].tensor if isinstance(value, ShardedTensor) else value
+
+        table_state = {key: _per_row(block(key)) if current.dim() == 1 else block(key)
+                       for key, current in template.optimizer_state.items()}
+        shards[name] = TableShard(name, block("weight"), template.row_offset, template.col_offset, template.table_shape,
+                                  spec.optimizer, table_state, template.replicated)
+    parts.load_tables(shards)
+    with torch.no_grad():
+        for name, param in parts.dense:
+            param.copy_(dest[f"dense.{name}"])
+    index = {name: i for i, (name, _) in enumerate(parts.dense)}
+    state: dict[int, dict[str, Tensor]] = {}
+    for key, value in dest.items():
+        if key.startswith("dense_optim."):
+            param_name, _, state_key = key[len("dense_optim."):].rpartition(".")
+            state.setdefault(index[param_name], {})[state_key] = value
+    parts.optimizer.load_state_dict({"state": state, "param_groups": parts.optimizer.state_dict()["param_groups"]})
+
+
+def _per_row(block: Tensor) -> Tensor:
+    """A row-wise state back from its [rows, cols] spread: exact when the block matches the saved one,
+    the column-weighted mean when it spans several saved blocks."""
+    first = block[:, 0]
+    return torch.where((block == first[:, None]).all(1), first, block.mean(1))
+
+
+# ---- safe reading -----------------------------------------------------------------------
+_ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+     ("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader with the metadata unpickled through an allow-list."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = read_metadata(Path(self.path))
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def read_metadata(path: Path) -> Metadata:
+    try:
+        with (path / ".metadata").open("rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
+        raise ValueError(f"checkpoint {path}: DCP metadata (.metadata) is missing, corrupt or not DCP's ({e})") from None
+    if not isinstance(metadata, Metadata):
+        raise ValueError(f"checkpoint {path}: .metadata does not hold DCP metadata")
+    return metadata
+
+
+def read_tables(path: str | Path) -> dict[str, Tensor]:
+    """Every table's full weights from a checkpoint, in one process (inspection, export)."""
+    path = resolve(path)
+    info = read_info(path)
+    metadata = read_metadata(path)
+    dest = {}
+    for t in info["tables"]:
+        key = f"tables.{t['name']}.weight"
+        dest[key] = torch.empty(t["num_embeddings"], t["embedding_dim"], dtype=TORCH_DTYPE[t["dtype"]])
+        _check_entry(metadata, key, list(dest[key].shape), dest[key].dtype, path)
+    dcp.load(dest, storage_reader=SafeReader(path), no_dist=True)
+    return {t["name"]: dest[f"tables.{t['name']}.weight"] for t in info["tables"]}

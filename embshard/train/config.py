@@ -1,0 +1,171 @@
+"""The training run's configuration: Hydra schema (type-checked at start) and the frozen settings.
+
+`TrainConfig` is the structured-config schema behind configs/train.yaml: every key has a
+type, so a typo or a wrong type fails at composition with the key named. Group options
+merge into their field's schema (components' frozen configs, via `schema_of`); the data
+group's options each start from their own schema (``/schema/data/NAME@_here_``).
+`settings_from_config` validates the composed config into `TrainSettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig
+from embshard.models.config import DLRMConfig
+from embshard.planner.types import Constraints
+from embshard.specs import TableSpec, tables_from_list
+from embshard.topology import Topology
+from embshard.train.launcher import LauncherConfig
+from embshard.train.optim import OptimConfig
+from embshard.train.schema import schema_of, value_of
+
+DATA_SCHEMAS = {"synthetic": SyntheticConfig, "criteo_tsv": CriteoTsvConfig, "criteo_npy": CriteoNpyConfig}
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Keyword arguments of `embshard.planner.plan` (configs/planner/)."""
+
+    time_budget_s: float = 10.0
+    use_ilp: bool = True
+    ilp_time_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 100  # 0: only after the last step
+    num_batches: int = 20  # per rank, of topology.batch_size_per_rank samples
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only after the last step
+    dir: str = ""  # "" = <out_dir>/checkpoints
+    resume_from: Optional[str] = None  # a step_NNNNNN folder, or a checkpoints folder (its latest step)
+    keep_last: int = 2  # older step folders are deleted after a successful save
+
+
+@dataclass
+class TableConstraintConfig:
+    sharding_types: Optional[List[str]] = None
+    ranks: Optional[List[int]] = None
+
+
+@dataclass
+class ConstraintsConfig:
+    tables: Dict[str, TableConstraintConfig] = field(default_factory=dict)
+    keep_together: List[List[str]] = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    tables: List[schema_of(TableSpec)] = MISSING  # type: ignore[valid-type]
+    topology: schema_of(Topology) = MISSING  # type: ignore[valid-type]
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
+    planner: schema_of(PlannerConfig) = field(default_factory=schema_of(PlannerConfig))  # type: ignore[valid-type]
+    model: schema_of(DLRMConfig) = field(default_factory=schema_of(DLRMConfig))  # type: ignore[valid-type]
+    data: Any = MISSING
+    optim: schema_of(OptimConfig) = field(default_factory=schema_of(OptimConfig))  # type: ignore[valid-type]
+    launcher: schema_of(LauncherConfig) = field(default_factory=schema_of(LauncherConfig))  # type: ignore[valid-type]
+    eval: schema_of(EvalConfig) = field(default_factory=schema_of(EvalConfig))  # type: ignore[valid-type]
+    checkpoint: schema_of(CheckpointConfig) = field(default_factory=schema_of(CheckpointConfig))  # type: ignore[valid-type]
+    steps: int = 300
+    seed: int = 0
+    log_every_steps: int = 10
+    tensorboard: bool = False
+    unsharded: bool = False  # one process, TorchRec's modules unsharded (the reference)
+    plan_file: Optional[str] = None  # load this plan.json instead of planning
+    out_dir: str = MISSING
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for name, cls in DATA_SCHEMAS.items():
+        cs.store(group="schema/data", name=name, node=schema_of(cls))
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    specs: tuple[TableSpec, ...]  # the tables file's, plus the model's sequence table
+    topology: Topology
+    constraints: Constraints
+    planner: PlannerConfig
+    model: DLRMConfig
+    data: DataConfig
+    optim: OptimConfig
+    launcher: LauncherConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    steps: int
+    seed: int
+    log_every_steps: int
+    tensorboard: bool
+    unsharded: bool
+    plan_file: str | None
+    out_dir: Path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.out_dir / "checkpoints"
+
+
+def settings_from_config(cfg: DictConfig) -> TrainSettings:
+    """Validate the composed config; ValueError names the key and how to fix it."""
+    if isinstance(cfg.get("tables"), DictConfig):
+        raise ValueError("tables: the tables file's blocks landed under 'tables'; make '# @package _global_' its first line")
+    obj = OmegaConf.to_object(cfg)
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    optim: OptimConfig = value_of(obj.optim)
+    model: DLRMConfig = value_of(obj.model)
+    tables = raw["tables"]
+    if optim.table_optimizer is not None:
+        tables = [{**t, "optimizer": optim.table_optimizer} for t in tables]
+    specs = tables_from_list(tables, "tables")
+    if model.sequence.enabled:
+        taken = [s.name for s in specs if s.name == model.sequence.table]
+        if taken:
+            raise ValueError(f"model.sequence.table: {taken[0]!r} is already a table of the tables file; choose another name")
+        specs += (model.sequence.table_spec(model.dense_dim, optim.table_optimizer or specs[0].optimizer),)
+    topology = Topology.from_dict(raw["topology"])
+    # The unsharded reference does not plan: its constraints (for a sharded run's ranks) are not used.
+    constraints = Constraints() if obj.unsharded else \
+        Constraints.from_dict(raw["constraints"], [s.name for s in specs], topology.world_size)
+    data = value_of(obj.data)
+    settings = TrainSettings(
+        specs=specs, topology=topology, constraints=constraints, planner=value_of(obj.planner), model=model, data=data,
+        optim=optim, launcher=value_of(obj.launcher), eval=value_of(obj.eval), checkpoint=value_of(obj.checkpoint),
+        steps=obj.steps, seed=obj.seed, log_every_steps=obj.log_every_steps, tensorboard=obj.tensorboard,
+        unsharded=obj.unsharded, plan_file=obj.plan_file, out_dir=Path(obj.out_dir))
+    check(settings)
+    return settings
+
+
+def check(s: TrainSettings) -> None:
+    positive = {"steps": s.steps, "log_every_steps": s.log_every_steps, "launcher.nproc": s.launcher.nproc,
+                "eval.num_batches": s.eval.num_batches, "checkpoint.keep_last": s.checkpoint.keep_last,
+                "planner.time_budget_s": s.planner.time_budget_s, "planner.ilp_time_s": s.planner.ilp_time_s,
+                "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
+    for key, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"{key}: must be positive, got {value}")
+    for key in ("eval.every_steps", "checkpoint.every_steps"):
+        section, name = key.split(".")
+        if getattr(getattr(s, section), name) < 0:
+            raise ValueError(f"{key}: must be >= 0 (0 = only after the last step), got {getattr(getattr(s, section), name)}")
+    if s.unsharded and s.launcher.nproc != 1:
+        raise ValueError(f"unsharded: the unsharded reference runs in one process; drop launcher.nproc={s.launcher.nproc}")
+    if s.model.sequence.enabled and not isinstance(s.data, SyntheticConfig):
+        raise ValueError("model.sequence.enabled: Criteo has no user history; sequence features need data=synthetic")
+    if isinstance(s.data, (CriteoTsvConfig, CriteoNpyConfig)):
+        eval_split = s.data.eval_files if isinstance(s.data, CriteoTsvConfig) else s.data.eval_days
+        if not eval_split:
+            name = "eval_files" if isinstance(s.data, CriteoTsvConfig) else "eval_days"
+            raise ValueError(f"data.{name}: empty; evaluation needs held-out data (e.g. data.{name}=[...])")
+

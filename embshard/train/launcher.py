@@ -1,0 +1,83 @@
+"""Start N local ranks of the training job (``launcher.nproc=N``), or none under torchrun.
+
+The launcher re-runs ``python -m embshard.train`` with the same overrides once per rank,
+with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), so a local run and ``torchrun --nproc-per-node N -m embshard.train ...`` take
+the same path. It watches the ranks: when one fails, the others get until their collective
+timeout to exit on their own (they report the lost rank), then are killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+EXIT_GRACE_S = 10.0  # beyond the collective timeout, for ranks to print their error and exit
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    nproc: int = 1  # local ranks to start (ignored under torchrun, which starts them)
+    collective_timeout_s: float = 300.0  # a collective waiting longer than this fails the run
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: any free port
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in RANK_ENV)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: LauncherConfig, args: list[str]) -> int:
+    """Run ``python -m embshard.train ARGS`` as ranks 0..nproc-1; the exit status of the run."""
+    port = config.master_port or free_port()
+    procs = []
+    for rank in range(config.nproc):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.nproc),
+               "LOCAL_WORLD_SIZE": str(config.nproc), "MASTER_ADDR": config.master_addr, "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "embshard.train", *args], env=env))
+    try:
+        return _watch(procs, config.collective_timeout_s + EXIT_GRACE_S)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _watch(procs: list[subprocess.Popen], grace_s: float) -> int:
+    first_failure: tuple[int, int] | None = None  # (rank, status)
+    deadline = None
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0) and first_failure is None:
+                first_failure, deadline = (rank, code), time.monotonic() + grace_s
+        if all(c is not None for c in codes):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            alive = [r for r, c in enumerate(codes) if c is None]
+            print(f"embshard-train: error: rank(s) {alive} still running {grace_s:.0f} s after rank {first_failure[0]} "
+                  "failed; stopped them", file=sys.stderr)
+            break
+        time.sleep(0.1)
+    if first_failure is None:
+        return 0
+    rank, code = first_failure
+    if code < 0:
+        name = signal.Signals(-code).name
+        print(f"embshard-train: error: rank {rank} was killed by {name}; the run stopped (the last complete checkpoint "
+              "is still loadable)", file=sys.stderr)
+        return 1
+    return code

@@ -1,0 +1,82 @@
+"""embshard-train: train DLRM on tables placed by the planner, from one Hydra command.
+
+    embshard-train launcher.nproc=2                      # 2 local CPU ranks, synthetic data
+    embshard-train model=dcnv2 optim.dense.learning_rate=0.02 steps=500
+    embshard-train --multirun optim.sparse.learning_rate=0.02,0.05
+    torchrun --nproc-per-node 8 -m embshard.train topology=train_gpu data=criteo_npy data.dir=...
+
+The first process composes and checks the config, then either runs as the only rank,
+starts ``launcher.nproc`` local ranks, or (under torchrun) is one rank itself. Outputs go
+to ``out_dir``: config.yaml, plan.json/png, metrics.jsonl, curves.png, checkpoints/.
+Bad input ends with exit status 2 and one line, ``embshard-train: error: ...``; a rank
+that loses the group (a peer died) exits with status 1 and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from embshard.train import config
+from embshard.train.launcher import launch, under_torchrun
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")  # the repository's (editable install)
+config.register()
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    """Exit with the message on one stderr line (Hydra's and torch's messages span several)."""
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"embshard-train: error: {one_line}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def child_args(cfg: DictConfig) -> list[str]:
+    """The command line of a rank: this job's overrides, its output folder, the user's config dirs."""
+    hc = HydraConfig.get()
+    args = [f"--config-dir={s.path}" for s in hc.runtime.config_sources if s.provider == "command-line"]
+    return [*args, *hc.overrides.task, f"hydra.run.dir={hc.runtime.output_dir}"]
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def hydra_main(cfg: DictConfig) -> None:
+    try:
+        settings = config.settings_from_config(cfg)
+    except (ValueError, OmegaConfBaseException) as e:
+        fail(str(e))
+    if not under_torchrun() and settings.launcher.nproc > 1:
+        code = launch(settings.launcher, child_args(cfg))
+        if code:
+            sys.exit(code)
+        return
+    from embshard.train.run import run_rank  # torch and friends: only in the processes that train
+
+    run_rank(settings, OmegaConf.to_yaml(cfg, resolve=True), fail)
+
+
+def main() -> None:
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's tracebacks
+        hydra_main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its config errors; they end here as one line
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:
+        fail(str(e).split("Config search path:")[0])
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+if __name__ == "__main__":
+    main()

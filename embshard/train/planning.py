@@ -1,0 +1,58 @@
+"""The run's sharding plan: planned (or loaded from ``plan_file``) once on rank 0, shared with
+every rank as JSON, reported and saved beside the run's other outputs."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from embshard import planner
+from embshard.planner.plan import ShardingPlan
+from embshard.planner.report import rank_table, save_chart, summary
+from embshard.train.config import TrainSettings
+from embshard.train.distributed import RankContext, on_main
+
+
+def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None) -> ShardingPlan:
+    """The plan for this run's tables on ``ctx.world_size`` ranks; rank 0 prints and saves it."""
+    def build() -> tuple[str, float]:
+        t0 = time.perf_counter()
+        if settings.plan_file:
+            plan = ShardingPlan.load(settings.plan_file)
+            check_plan_file(plan, settings, ctx.world_size)
+        else:
+            p = settings.planner
+            plan = planner.plan(settings.specs, settings.topology, settings.constraints, time_budget_s=p.time_budget_s,
+                                use_ilp=p.use_ilp, ilp_time_s=p.ilp_time_s)
+        return plan.to_json(), time.perf_counter() - t0
+
+    text, planning_s = on_main(ctx, build)
+    plan = ShardingPlan.from_json(text)
+    if console is not None:
+        out = settings.out_dir / "plan.json"
+        plan.save(out)
+        save_chart(plan, out.with_suffix(".png"))
+        console.print(rank_table(plan))
+        console.print(summary(plan, None if settings.plan_file else planning_s), markup=False, highlight=False)
+    return plan
+
+
+def check_plan_file(plan: ShardingPlan, settings: TrainSettings, world_size: int) -> None:
+    where = f"plan_file={settings.plan_file}"
+    if plan.topology.world_size != world_size:
+        raise ValueError(f"{where}: the plan is for {plan.topology.world_size} ranks but {world_size} run; plan again "
+                         f"with topology.world_size={world_size}, or drop plan_file to plan at start")
+    planned = {s.name: s for s in plan.specs}
+    missing = [s.name for s in settings.specs if s.name not in planned]
+    extra = sorted(set(planned) - {s.name for s in settings.specs})
+    if missing or extra:
+        raise ValueError(f"{where}: the plan places tables {sorted(planned)[:8]}..., the run has tables missing from it "
+                         f"{missing[:8]} and the plan has extra tables {extra[:8]}; plan these tables again")
+    for spec in settings.specs:
+        p = planned[spec.name]
+        for key in ("num_embeddings", "embedding_dim", "feature_names", "pooled"):
+            if getattr(p, key) != getattr(spec, key):
+                raise ValueError(f"{where}: table {spec.name!r}.{key} is {getattr(p, key)!r} in the plan but "
+                                 f"{getattr(spec, key)!r} in this run; plan these tables again")
+
