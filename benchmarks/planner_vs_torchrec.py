@@ -83,7 +83,7 @@ def run_embshard(specs: tuple[TableSpec, ...], topo: Topology, time_budget_s: fl
         p = plan(specs, topo, time_budget_s=time_budget_s, torchrec_compatible=torchrec_compatible)
     except PlanInfeasibleError as e:
         return {"status": "infeasible", "detail": str(e)}
-    return {"status": "ok", "wall_s": time.perf_counter() - t0, "plan": p.to_dict()}
+    return {"status": "ok", "wall_s": time.perf_counter() - t0, "plan": p.to_dict(), "commit": git_commit()}
 
 
 def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int) -> dict:
@@ -170,7 +170,7 @@ def score(workload: str, specs: tuple[TableSpec, ...], topo: Topology, entry: di
         tr_ms, why = torchrec_model_ms(es_plan)
         row.update(es_wall_s=es["wall_s"], es_es_ms=es_plan.max_rank_ms, es_tr_ms=tr_ms, es_tr_why=why,
                    lower_bound_ms=es_plan.lower_bound_ms, es_gap=es_plan.gap, es_mix=layout_mix(es_plan),
-                   es_method=es_plan.search.get("method", ""))
+                   es_method=es_plan.search.get("method", ""), es_commit=es.get("commit"))
         if tr_ms is None and runnable and runnable["status"] == "ok":
             runnable_plan = ShardingPlan.from_dict(runnable["plan"])
             row.update(es_tr_ms=torchrec_model_ms(runnable_plan)[0], es_tr_fallback=True,
@@ -261,7 +261,8 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     out = [
         "# Planner vs TorchRec", "",
         f"- date: {datetime.date.today().isoformat()}; machine: {cpu}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, no GPU",
-        f"- command: `{COMMAND}`; embshard at commit {git_commit()}",
+        f"- command: `{COMMAND}`; embshard plans made at commit "
+        f"{', '.join(sorted({r['es_commit'] for r in rows if r.get('es_commit')})) or 'unknown'}",
         f"- topology: W ranks, {LOCAL_WORLD_SIZE} per host, embshard cuda defaults (HBM 1500, NVLink 150, NIC 25 GB/s), "
         f"batch 512 per rank; memory per rank = {HEADROOM} x (weights + optimizer state) / W / (1 - 0.1 reserved)",
         f"- embshard: `plan(specs, topology)` with time_budget_s={args.embshard_budget_s:g}; TorchRec: "
