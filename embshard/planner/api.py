@@ -28,6 +28,9 @@ from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
 
 
+GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
+
+
 class PlanInfeasibleError(ValueError):
     """The tables cannot fit the topology's memory; the message says which and what would fix it."""
 
@@ -54,8 +57,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     check_memory(problem)
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
-    state, method = _best_start(problem, t0 + time_budget_s / 2)
-    packed = target_pack(problem, default_order(problem), bound, max(state.costs()), deadline)
+    good_enough = bound * (1 + GOOD_ENOUGH_GAP)
+    state, method = _best_start(problem, t0 + time_budget_s / 2, good_enough)
+    packed = None
+    if max(state.costs()) > good_enough:
+        packed = target_pack(problem, default_order(problem), bound, max(state.costs()), deadline)
     if packed is not None:
         packed, steps = local_search(packed, deadline)
         if max(packed.costs()) < max(state.costs()):
@@ -72,8 +78,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search)
 
 
-def _best_start(problem: Problem, deadline: float) -> tuple[RankState, str]:
-    """Greedy + local search from two starts (plain, and replicate-first); keep the faster plan."""
+def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[RankState, str]:
+    """Greedy + local search from two starts (plain, and replicate-first); keep the faster plan.
+
+    The second start is skipped when the first is already within GOOD_ENOUGH_GAP of the bound.
+    """
     order = default_order(problem)
     best, best_obj, method, failure = None, float("inf"), "", None
     starts = [("greedy", None)]
@@ -81,6 +90,8 @@ def _best_start(problem: Problem, deadline: float) -> tuple[RankState, str]:
     if replicate:
         starts.append(("replicate-first greedy", replicate))
     for i, (name, replicate) in enumerate(starts):
+        if best_obj <= good_enough:
+            break
         try:
             state = greedy(problem, order, replicate)
         except Unplaceable as e:
