@@ -69,8 +69,9 @@ class NpySource:
             name, dense, sparse, labels = self.days[day]
             first = start - int(self.starts[day])
             n = min(count, len(labels) - first)
-            parts.append(self._rows(name, first, np.asarray(dense[first:first + n], np.float32),
-                                    np.asarray(sparse[first:first + n], np.int64), np.asarray(labels[first:first + n])))
+            # Copies of this rank's rows only (the memory maps are read-only).
+            parts.append(self._rows(name, first, np.array(dense[first:first + n], np.float32),
+                                    np.array(sparse[first:first + n], np.int64), np.array(labels[first:first + n])))
             start, count, day = start + n, count - n, day + 1
         return Samples.concat(parts)
 

@@ -28,7 +28,7 @@ from embshard.data.malformed import MalformedLog
 CHUNK = 128
 SPLITS = {"train": 0, "eval": 1}
 ITEM_LATENT_DIM = 4
-SEQUENCE_WEIGHT = 3.0  # the history-target agreement counts as much as this many features
+SEQUENCE_WEIGHT = 3.0  # the history-target agreement has the variance of this many features' terms
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -77,7 +77,9 @@ class SyntheticSource:
         self.dense_weights = rng.normal(size=layout.num_dense) / math.sqrt(layout.num_dense)
         num_terms = len(layout.pooled) + 1 + (SEQUENCE_WEIGHT if layout.sequence else 0)
         self.scale = config.signal / math.sqrt(num_terms)
-        self.bias = math.log(config.positive_rate / (1 - config.positive_rate))
+        # E[sigmoid(b + s Z)] ~ sigmoid(b / sqrt(1 + pi s^2 / 8)) for Z ~ N(0, 1): aim at positive_rate.
+        rate_logit = math.log(config.positive_rate / (1 - config.positive_rate))
+        self.bias = rate_logit * math.sqrt(1 + math.pi * config.signal**2 / 8)
 
     def read(self, start: int, count: int) -> Samples:
         first, last = start // CHUNK, (start + count - 1) // CHUNK
@@ -99,7 +101,7 @@ class SyntheticSource:
             n, ids, agreement = self._sequence(rng, self.layout.sequence[0])
             lengths += n
             values += ids
-            logit += SEQUENCE_WEIGHT * agreement
+            logit += math.sqrt(SEQUENCE_WEIGHT) * agreement
         logit = self.bias + self.scale * logit
         labels = (rng.random(CHUNK) < 1 / (1 + np.exp(-logit))).astype(np.float32)
         return Samples(dense, labels, np.stack(lengths).astype(np.int64), tuple(values))

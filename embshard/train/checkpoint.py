@@ -92,7 +92,7 @@ def save(root: Path, step: int, parts: Parts, ctx: RankContext, info: dict[str, 
         tmp.mkdir(parents=True, exist_ok=True)
         dcp.save(_state_dict(parts, ctx), storage_writer=FileSystemWriter(tmp), process_group=ctx.pg, no_dist=ctx.pg is None)
     except (OSError, CheckpointException) as e:
-        raise CheckpointError(f"checkpoint: writing {tmp} failed ({str(e).splitlines()[0][:300]}); the previous "
+        raise CheckpointError(f"checkpoint: writing {tmp} failed ({_describe(e)}); the previous "
                               f"checkpoints in {root} are intact") from None
     _write_json(tmp / f"rank_{ctx.rank}.json", rank_info)
     barrier(ctx)
@@ -154,6 +154,18 @@ def _sharded(block: Tensor | None, shard: TableShard | None, spec: TableSpec, ct
     return init_from_local_shards(local, spec.num_embeddings, spec.embedding_dim, process_group=ctx.pg)
 
 
+def _describe(e: BaseException) -> str:
+    """One line about a failure; DCP's CheckpointException carries each rank's own exception."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, (cause, _) = next(iter(sorted(e.failures.items(), key=lambda kv: kv[0])))
+        e = cause
+        prefix = f"rank {rank}: "
+    else:
+        prefix = ""
+    text = str(e).strip().splitlines()
+    return prefix + f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     with path.open("w") as f:
         json.dump(value, f)
@@ -187,7 +199,7 @@ def load(path: str | Path, parts: Parts, ctx: RankContext) -> Restored:
         dcp.load(dest, storage_reader=SafeReader(path), process_group=ctx.pg, no_dist=ctx.pg is None)
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank read failures (truncated or corrupt files)
         raise ValueError(f"checkpoint {path}: cannot read its tensors, the files are corrupt or truncated "
-                         f"({str(e).splitlines()[0][:300]}); nothing was loaded") from None
+                         f"({_describe(e)}); nothing was loaded") from None
     _apply(dest, parts)
     rank_file = path / f"rank_{ctx.rank}.json"
     rank_info = json.loads(rank_file.read_text()) if info["world_size"] == ctx.world_size and rank_file.exists() else {}

@@ -33,8 +33,9 @@ class PlannerConfig:
     """Keyword arguments of `embshard.planner.plan` (configs/planner/)."""
 
     time_budget_s: float = 10.0
-    use_ilp: bool = True
+    use_ilp: bool = False
     ilp_time_s: float = 1.0
+    torchrec_compatible: bool = False  # only layouts TorchRec's runtime also runs (benchmarks against it)
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,10 @@ class CheckpointConfig:
 
 
 @dataclass
-class TableConstraintConfig:
-    sharding_types: Optional[List[str]] = None
-    ranks: Optional[List[int]] = None
-
-
-@dataclass
 class ConstraintsConfig:
-    tables: Dict[str, TableConstraintConfig] = field(default_factory=dict)
+    # table -> {sharding_types: [...], ranks: [...]}; checked by Constraints.from_dict, which names
+    # the key (untyped here so that `+constraints.tables.NAME.sharding_types=[...]` can add a table).
+    tables: Dict[str, Any] = field(default_factory=dict)
     keep_together: List[List[str]] = field(default_factory=list)
 
 

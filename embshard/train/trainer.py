@@ -151,9 +151,10 @@ class Trainer:
         malformed = [stream.malformed] + [e.malformed for e in self.eval_streams]
         count = int(all_sum(self.ctx, [sum(m.count for m in malformed)])[0])
         examples = [e for rank in all_gather(self.ctx, [e for m in malformed for e in m.examples]) for e in rank]
+        if self.metrics is not None:
+            self.metrics.close()
         if self.metrics is None or self.console is None:
             return
-        self.metrics.close()
         curves = self.s.out_dir / "curves.png"
         save_curves(self.metrics.records, curves)
         out = self.console.print

@@ -1,0 +1,136 @@
+"""configs/train.yaml: every option of every group composes against the typed schema and
+instantiates (values, model, data stream, optimizer, plan); typos and wrong types fail at
+composition with the key named, and the CLI says so in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf.errors import OmegaConfBaseException
+
+from embshard import planner
+from embshard.data.batch import FeatureLayout
+from embshard.data.stream import open_stream
+from embshard.models.dlrm import DLRM
+from embshard.runtime import OptimizerConfig
+from embshard.train import config
+from embshard.train.trainer import dense_optimizer
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+CLI = str(Path(sys.executable).parent / "embshard-train")
+GROUPS = ("tables", "topology", "planner", "model", "data", "optim", "launcher", "experiment")
+config.register()
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory) -> dict[str, list[str]]:
+    root = tmp_path_factory.mktemp("data")
+    line = "\t".join(["1", *["3"] * 13, *["a1b2"] * 26])
+    (root / "day_0.tsv").write_text((line + "\n") * 8)
+    rng = np.random.default_rng(0)
+    for day in (0, 23):
+        np.save(root / f"day_{day}_dense.npy", rng.random((8, 13), dtype=np.float32))
+        np.save(root / f"day_{day}_sparse.npy", rng.integers(0, 1000, (8, 26)))
+        np.save(root / f"day_{day}_labels.npy", rng.integers(0, 2, (8, 1)))
+    return {"data=criteo_tsv": [f"data.train_files=[{root}/day_0.tsv]", f"data.eval_files=[{root}/day_0.tsv]"],
+            "data=criteo_npy": [f"data.dir={root}", "data.eval_days=[23]"]}
+
+
+def settings(overrides: list[str]) -> config.TrainSettings:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=["out_dir=/tmp/unused", *overrides])
+    return config.settings_from_config(cfg)
+
+
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONFIGS / g).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_instantiates(group: str, option: str, data_files) -> None:
+    choice = f"{group}={option}"
+    s = settings([choice, *data_files.get(choice, [])])
+    assert s.specs and s.topology.world_size >= 1
+    small = s.specs if sum(t.num_embeddings for t in s.specs) < 2_000_000 else None
+    if group in ("model", "data") or choice == "experiment=sequence":
+        layout = FeatureLayout.from_specs(small, max_history_length=s.model.sequence.max_history_length)
+        b = next(open_stream(s.data, layout, 0, 1, 4, "train"))
+        out = DLRM(s.model, small, layout.num_dense)(b.dense, b.sparse, b.sequence)
+        assert out.shape == (4,) and torch.isfinite(out).all()
+    if group == "optim":
+        dense_optimizer(s.optim.dense, [torch.nn.Parameter(torch.zeros(3))])
+        OptimizerConfig(**asdict(s.optim.sparse))
+        assert {t.optimizer for t in s.specs} == {s.optim.table_optimizer or "rowwise_adagrad"}
+    if group == "planner":
+        p = s.planner
+        plan = planner.plan(s.specs, s.topology, s.constraints, time_budget_s=min(p.time_budget_s, 0.5), use_ilp=p.use_ilp,
+                            ilp_time_s=p.ilp_time_s, torchrec_compatible=p.torchrec_compatible)
+        assert {t.name for t in plan.tables} == {t.name for t in s.specs}
+    if choice == "experiment=dcnv2_mlperf":
+        assert s.model.interaction == "dcn" and s.topology.device == "cuda" and len(s.data.train_days) == 23
+
+
+def test_world_size_follows_the_launcher() -> None:
+    s = settings(["launcher.nproc=3"])
+    assert (s.topology.world_size, s.topology.local_world_size) == (3, 3)
+    assert settings(["experiment=sequence"]).specs[-1].feature_names == ("history", "target")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.bottom_mlpp=[1]", "bottom_mlpp"),
+    ("steps=abc", "steps"),
+    ("optim.dense.learning_rate=fast", "optim.dense.learning_rate"),
+    ("data.id_skeww=1", "id_skeww"),
+    ("tables=typo", "rowz"),
+])
+def test_typos_and_wrong_types_fail_at_composition_with_the_key(override: str, needle: str, tmp_path) -> None:
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "typo.yaml").write_text(
+        "# @package _global_\ntables:\n  - {name: a, num_embeddings: 5, embedding_dim: 16, rowz: 1}\n")
+    with pytest.raises(Exception, match=needle) as e:
+        settings([f"hydra.searchpath=[file://{tmp_path}]", override])
+    assert isinstance(e.value, OmegaConfBaseException) or "Hydra" in type(e.value).__module__ or "hydra" in type(e.value).__module__
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("optim.dense.name=rmsprop", "optim.dense.name: must be one of ['sgd', 'adagrad', 'adam'], got 'rmsprop'"),
+    ("model.top_mlp=[8,2]", "model.top_mlp: the last layer must have width 1"),
+    ("steps=0", "steps: must be positive, got 0"),
+    ("tables.0.num_embeddings=-3", "tables[0] (cat_0).num_embeddings: must be a positive integer, got -3"),
+    ("data=criteo_npy", "data.eval_days: empty"),
+    ("experiment=sequence model.sequence.table=cat_3", "model.sequence.table: 'cat_3' is already a table"),
+])
+def test_bad_values_are_refused_with_the_key_and_a_fix(override: str, needle: str) -> None:
+    with pytest.raises(ValueError) as e:
+        settings(override.split())
+    assert needle in str(e.value)
+
+
+CLI_CASES = {
+    "typo": (["model.bottom_mlpp=[1]"], "bottom_mlpp"),
+    "wrong_type": (["steps=abc"], "steps"),
+    "unknown_option": (["model=nope"], "Could not find 'model/nope'"),
+    "bad_value": (["optim.table_optimizer=lamb"], "optim.table_optimizer: must be one of"),
+}
+
+
+@pytest.fixture(scope="module")
+def cli_runs() -> dict[str, subprocess.CompletedProcess]:
+    procs = {name: subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (args, _) in CLI_CASES.items()}
+    return {name: subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_cli_bad_input_is_one_line_and_status_2(case: str, cli_runs) -> None:
+    run = cli_runs[case]
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert lines[0].startswith("embshard-train: error: ") and CLI_CASES[case][1] in lines[0]

@@ -1,0 +1,236 @@
+"""embshard-train end to end, as users run it: real processes, real gloo ranks.
+
+Stage 1 (concurrently): A = 2 local ranks for 60 steps on a planted-signal set, with each
+table on another sharding type; a strict run on Criteo TSV with a malformed line; a Hydra
+--multirun sweep; K = 2 ranks of which one is killed after its first step. Meanwhile, in
+this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
+TSV run that skips malformed lines. Stage 2, from A's checkpoints: B = torchrun resuming A
+at step 30, and A's last checkpoint on 3 ranks (another plan) and in one process
+(unsharded). Starting a rank costs seconds (imports), so checks share runs. Collectives
+time out after 60 s (K: 20 s), so no case can hang the suite.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+
+from embshard.train import config, distributed
+from embshard.train.checkpoint import read_tables
+from embshard.train.trainer import Trainer
+from train_tables import FAST_PLANNER, MODEL
+
+BIN = Path(sys.executable).parent
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+STAGE_TIMEOUT_S = 420
+# One sharding type per table on 2 ranks (appended to A's and B's command lines).
+LAYOUT = {"t0": "[row_wise]", "t1": "[table_wise]", "t2": "[column_wise]", "t3": "[data_parallel]",
+          "t4": "[table_row_wise]", "t5": "[table_wise]"}
+SHARDING = [f"+constraints.tables.{t}.sharding_types={types}" for t, types in LAYOUT.items()] + \
+    ["+constraints.tables.t1.ranks=[1]", "+constraints.tables.t5.ranks=[0]"]
+BATCH = 64  # per rank of A; the unsharded reference takes 2 x 64
+KILL_TIMEOUT_S = 20  # K's collective timeout
+config.register()
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen
+    out: Path
+    log: Path
+    started: float
+
+    def wait(self, timeout_s: float = STAGE_TIMEOUT_S) -> "Run":
+        try:
+            self.proc.wait(timeout=max(1.0, self.started + timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.log.read_text()
+
+    @property
+    def errors(self) -> list[str]:
+        return [line for line in self.text.replace("\r", "\n").splitlines() if "embshard-train: error:" in line]
+
+
+def start(tmp: Path, name: str, args: list[str], command: list[str] | None = None, out_dir: bool = True) -> Run:
+    """Start one command line (embshard-train unless ``command``) writing to ``tmp/name``."""
+    out, log = tmp / name, tmp / f"{name}.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([*(command or [str(BIN / "embshard-train")]), *args, *([f"out_dir={out}"] * out_dir)],
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return Run(proc, out, log, time.monotonic())
+
+
+def metrics(out: Path, split: str = "train") -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+def base(config_dir: Path, tables: str = "tiny") -> list[str]:
+    synthetic = ["data.signal=3"] if tables == "tiny" else []
+    return [f"--config-dir={config_dir}", f"tables={tables}", *MODEL, *FAST_PLANNER, *synthetic,
+            "launcher.collective_timeout_s=60", "log_every_steps=1", "eval.num_batches=4"]
+
+
+def in_process(args: list[str], out: Path) -> str:
+    """Train one unsharded run inside this process (no new imports); what it printed."""
+    user_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--config-dir="))
+    overrides = [a for a in args if not a.startswith("--")]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"hydra.searchpath=[file://{user_dir}]", *overrides, "unsharded=true",
+                                          f"out_dir={out}"])
+    s = config.settings_from_config(cfg)
+    s.out_dir.mkdir(parents=True)
+    printed = io.StringIO()
+    Trainer(s, distributed.start(s.topology, 60, with_group=False), Console(file=printed, width=200)).train()
+    return printed.getvalue()
+
+
+def tsv_line(i: int) -> str:
+    return "\t".join([str(i % 2), *[str(i % 7)] * 13, *[format(i * 31 + j, "x") for j in range(26)]])
+
+
+@pytest.fixture(scope="module")
+def stage1(config_dir, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("stage1")
+    lines = [tsv_line(i) for i in range(200)]
+    lines[3], lines[50] = "1\t2\t3", tsv_line(50).replace("\t", "\tx", 1)
+    (tmp / "day_0.tsv").write_text("\n".join(lines) + "\n")
+    tsv = [*base(config_dir, "criteo26"), "data=criteo_tsv", f"data.train_files=[{tmp}/day_0.tsv]",
+           f"data.eval_files=[{tmp}/day_0.tsv]", "steps=4", "topology.batch_size_per_rank=32", "eval.num_batches=1"]
+    runs = {
+        "A": start(tmp, "A", [*base(config_dir), *SHARDING, "launcher.nproc=2", "steps=60",
+                              f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "checkpoint.every_steps=10",
+                              "checkpoint.keep_last=6"]),
+        "strict": start(tmp, "strict", [*tsv, "unsharded=true", "data.strict=true"]),
+        "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "unsharded=true", "steps=2,3",
+                                      "topology.batch_size_per_rank=16", "eval.num_batches=1", f"hydra.sweep.dir={tmp}/sweep"],
+                       out_dir=False),
+    }
+    runs["K"] = start(tmp, "K", [*base(config_dir), "launcher.nproc=2", f"launcher.collective_timeout_s={KILL_TIMEOUT_S}",
+                                 "steps=100000", "topology.batch_size_per_rank=32", "eval.every_steps=0"])
+    local = {"U": in_process([*base(config_dir), "steps=10", f"topology.batch_size_per_rank={2 * BATCH}",
+                              "eval.every_steps=0"], tmp / "U"),
+             "tsv": in_process(tsv, tmp / "tsv")}
+    kill_s = kill_rank_1_after_first_step(runs["K"])
+    return {**{k: r.wait() for k, r in runs.items()}, "local": local, "tmp": tmp, "K_exit_after_kill_s": kill_s}
+
+
+def kill_rank_1_after_first_step(run: Run) -> float:
+    """SIGKILL rank 1 of ``run`` once rank 0 has logged a step; seconds until the run exited."""
+    log = run.out / "metrics.jsonl"
+    while not (log.exists() and log.stat().st_size) and run.proc.poll() is None:
+        time.sleep(0.2)
+    ranks = subprocess.run(["pgrep", "-P", str(run.proc.pid)], capture_output=True, text=True).stdout.split()
+    rank1 = next(p for p in ranks if "RANK=1\0" in Path(f"/proc/{p}/environ").read_text())
+    os.kill(int(rank1), signal.SIGKILL)
+    killed = time.monotonic()
+    run.wait(timeout_s=killed - run.started + KILL_TIMEOUT_S + 15)
+    return time.monotonic() - killed
+
+
+def test_two_ranks_match_the_unsharded_reference_step_by_step(stage1) -> None:
+    a, tmp = stage1["A"], stage1["tmp"]
+    assert a.proc.returncode == 0, a.text[-3000:]
+    assert "sharding: data_parallel 1, table_wise 2, row_wise 1, column_wise 1, table_row_wise 1" in a.text
+    sharded = [r["loss"] for r in metrics(a.out)[:10]]
+    reference = [r["loss"] for r in metrics(tmp / "U")]
+    assert len(reference) == 10 and max(abs(x - y) for x, y in zip(sharded, reference)) < 1e-5, (sharded, reference)
+    want = read_tables(tmp / "U" / "checkpoints")
+    got = read_tables(a.out / "checkpoints" / "step_000010")
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) < 1e-5
+
+
+def test_planted_signal_reaches_auc_075(stage1) -> None:
+    a = stage1["A"]
+    evals = metrics(a.out, "eval")
+    assert [e["step"] for e in evals] == [30, 60] and evals[-1]["auc"] >= 0.75, evals
+    assert "eval AUC" in a.text and (a.out / "curves.png").stat().st_size > 10_000 and (a.out / "plan.json").exists()
+    assert sorted(p.name for p in (a.out / "checkpoints").iterdir()) == [f"step_{10 * i:06d}" for i in range(1, 7)]
+
+
+def test_malformed_lines_are_reported_or_stop_a_strict_run(stage1) -> None:
+    # lines 3 and 50 while training, line 3 again in the eval pass over the same file
+    assert "data: skipped 3 malformed record(s), e.g." in stage1["local"]["tsv"]
+    strict = stage1["strict"]
+    assert strict.proc.returncode == 2 and len(strict.errors) == 1, strict.text[-3000:]
+    assert "day_0.tsv byte " in strict.errors[0] and "expected 40 tab-separated fields, got 3" in strict.errors[0]
+    assert "Traceback" not in strict.text
+
+
+def test_multirun_sweep_runs_every_job(stage1) -> None:
+    sweep = stage1["sweep"]
+    assert sweep.proc.returncode == 0, sweep.text[-3000:]
+    root = sweep.log.parent / "sweep"
+    assert sorted(metrics(root / job)[-1]["step"] for job in ("0", "1")) == [2, 3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stage2(stage1, config_dir, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("stage2")
+    a = stage1["A"].out / "checkpoints"
+    common = [*base(config_dir), f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "steps=60"]
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "embshard.train"]
+    runs = {
+        "B": start(tmp, "B", [*common, *SHARDING, f"checkpoint.resume_from={a / 'step_000030'}"], torchrun),
+        "R3": start(tmp, "R3", [*common, "launcher.nproc=3", f"checkpoint.resume_from={a}"]),
+    }
+    local = in_process([*common, f"checkpoint.resume_from={a}"], tmp / "R1")
+    return {**{k: r.wait() for k, r in runs.items()}, "R1": local, "tmp": tmp}
+
+
+def test_resume_under_torchrun_continues_exactly(stage1, stage2) -> None:
+    a, b = stage1["A"], stage2["B"]
+    assert b.proc.returncode == 0, b.text[-3000:]
+    assert "resumed from" in b.text and "at step 30" in b.text
+    assert [r["loss"] for r in metrics(b.out)] == [r["loss"] for r in metrics(a.out)[30:]]
+    assert metrics(b.out, "eval")[-1]["auc"] == metrics(a.out, "eval")[-1]["auc"]
+    want, got = read_tables(a.out / "checkpoints"), read_tables(b.out / "checkpoints")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("name", ["R3", "R1"])
+def test_checkpoint_loads_into_another_world_size_and_plan(stage1, stage2, name: str) -> None:
+    if name == "R3":
+        run = stage2["R3"]
+        assert run.proc.returncode == 0, run.text[-3000:]
+        text, out = run.text, run.out
+        assert "on 3 ranks" in text
+    else:
+        text, out = stage2["R1"], stage2["tmp"] / "R1"
+    assert "(saved by 2 ranks; resharded)" in text
+    want, got = read_tables(stage1["A"].out / "checkpoints"), read_tables(out / "checkpoints")
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_killed_rank_stops_the_others_within_the_collective_timeout(stage1) -> None:
+    run = stage1["K"]
+    assert run.proc.returncode == 1, run.text[-3000:]
+    assert stage1["K_exit_after_kill_s"] < KILL_TIMEOUT_S + 15
+    assert any("rank 0: lost contact with the other ranks" in e for e in run.errors), run.errors
+    assert any("rank 1 was killed by SIGKILL" in e for e in run.errors), run.errors
+    assert "Traceback" not in run.text
