@@ -4,6 +4,13 @@ Bandwidths are in GB/s (10^9 bytes per second), named ``*_gb_per_s``. Defaults d
 8-GPU H100/H200-class host: effective HBM bandwidth for random row gathers, NVLink between
 ranks of a host, and one 400 Gb/s NIC per rank across hosts. ``device: cpu`` defaults
 describe gloo over loopback/TCP on host memory.
+
+Calibrated terms (`CALIBRATED_TERMS`) refine that bandwidth model with what a machine was
+measured to cost per unit of work: fixed costs per collective and per lookup call, per-id
+and per-row lookup work, per-id/bag/byte routing work, and whether a rank's all-to-all
+send and receive overlap (``full_duplex``). They default to 0 (factors to 1), which
+is the datasheet model; ``embshard-calibrate`` fits them and writes a profile
+(configs/topology/<profile>.yaml). embshard.planner.cost.perf documents where each applies.
 """
 
 from __future__ import annotations
@@ -13,6 +20,31 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 GIB = 1024**3
+
+# Calibrated cost terms: per-unit costs added to the bandwidth model (0 = not modelled).
+CALIBRATED_TERMS = (
+    "collective_ms",            # fixed cost of a collective per peer rank (latency; an all-reduce has two steps per peer)
+    "input_dist_call_ms",       # fixed cost of one collection's input dist (validation, headers, bookkeeping)
+    "output_dist_call_ms",      # fixed cost of one collection's output dist, forward and backward each
+    "lookup_fwd_call_ms",       # fixed cost of one lookup kernel call, forward
+    "lookup_bwd_call_ms",       # fixed cost of one lookup kernel call, backward (with the optimizer)
+    "lookup_fwd_ns_per_id",     # forward work per id looked up (decode, accumulate)
+    "lookup_bwd_ns_per_id",     # backward work per id (sort, gradient accumulation)
+    "lookup_bwd_ns_per_row",    # optimizer update per distinct row touched
+    "lookup_ns_per_row_byte",   # fetching a distinct row's bytes (cache misses), forward and backward
+    "lookup_ns_per_out_byte",   # writing outputs (forward) and reading their gradients (backward)
+    "sequence_bwd_ns_per_row",  # extra backward work per distinct row of sequence (unpooled) lookups
+    "dist_ns_per_id",           # routing work per id (validate, bucketize, permute), sender and receiver
+    "dist_ns_per_bag",          # routing work per bag length, sender and receiver
+    "dist_ns_per_byte",         # local copy and assembly of embeddings / their gradients in output dist
+    "sequence_dist_ns_per_id",  # extra input- and output-dist work per id of sequence tables (positions, placing rows)
+    "dp_fwd_ns_per_id",         # data-parallel replica lookup: forward work per id
+    "dp_bwd_ns_per_id_byte",    # replica backward: per byte of the per-id gradient rows
+    "dp_bwd_ns_per_row",        # replica backward: per distinct row (deduplicate, exchange, update)
+)
+# Per-phase efficiency factors (1 = off): what a phase costs when ranks run a whole step
+# together, relative to the terms above measured one kernel or collective at a time.
+PHASE_FACTORS = ("input_dist_factor", "lookup_fwd_factor", "output_dist_factor", "lookup_bwd_factor", "dp_allreduce_factor")
 
 # Defaults by device. Effective numbers, not datasheet peaks: a row gather reaches well
 # under peak HBM bandwidth, and all-to-all reaches well under NVLink/IB line rate.
@@ -32,6 +64,10 @@ class Topology:
     optimizer state and activations; embedding shards may use the rest.
     batch_size_per_rank: training samples per rank per step.
     Bandwidths left at 0 take the device's defaults (see DEVICE_DEFAULTS).
+    full_duplex: a rank's all-to-all sends and receives at once (max of the two; GPUs over
+    NVLink/IB); False: one after the other (their sum; gloo on CPU, where one core copies
+    both ways). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
+    per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
     world_size: int
@@ -43,9 +79,34 @@ class Topology:
     hbm_gb_per_s: float = 0.0
     intra_host_gb_per_s: float = 0.0
     inter_host_gb_per_s: float = 0.0
+    full_duplex: bool = True
+    collective_ms: float = 0.0
+    input_dist_call_ms: float = 0.0
+    output_dist_call_ms: float = 0.0
+    lookup_fwd_call_ms: float = 0.0
+    lookup_bwd_call_ms: float = 0.0
+    lookup_fwd_ns_per_id: float = 0.0
+    lookup_bwd_ns_per_id: float = 0.0
+    lookup_bwd_ns_per_row: float = 0.0
+    lookup_ns_per_row_byte: float = 0.0
+    lookup_ns_per_out_byte: float = 0.0
+    sequence_bwd_ns_per_row: float = 0.0
+    dist_ns_per_id: float = 0.0
+    dist_ns_per_bag: float = 0.0
+    dist_ns_per_byte: float = 0.0
+    sequence_dist_ns_per_id: float = 0.0
+    dp_fwd_ns_per_id: float = 0.0
+    dp_bwd_ns_per_id_byte: float = 0.0
+    dp_bwd_ns_per_row: float = 0.0
+    input_dist_factor: float = 1.0
+    lookup_fwd_factor: float = 1.0
+    output_dist_factor: float = 1.0
+    lookup_bwd_factor: float = 1.0
+    dp_allreduce_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s"):
+        for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s",
+                    *CALIBRATED_TERMS, *PHASE_FACTORS):
             object.__setattr__(self, key, float(getattr(self, key)))
         for key, value in DEVICE_DEFAULTS.get(self.device, {}).items():
             if getattr(self, key) == 0.0:
@@ -102,6 +163,18 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (key == "hbm_gib" and v == 0):
                     raise ValueError(f"{where}.{key}: must be a positive number, got {v!r}")
+        for key in CALIBRATED_TERMS:
+            if key in raw:
+                v = raw[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise ValueError(f"{where}.{key}: must be a number >= 0 (0 = not modelled), got {v!r}")
+        for key in PHASE_FACTORS:
+            if key in raw:
+                v = raw[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    raise ValueError(f"{where}.{key}: must be a positive factor (1 = as measured alone), got {v!r}")
+        if "full_duplex" in raw and not isinstance(raw["full_duplex"], bool):
+            raise ValueError(f"{where}.full_duplex: must be true or false, got {raw['full_duplex']!r}")
         frac = raw.get("reserved_fraction", 0.1)
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
             raise ValueError(f"{where}.reserved_fraction: must be in [0, 1), got {frac!r}")

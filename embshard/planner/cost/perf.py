@@ -22,6 +22,24 @@ way. Traffic between a rank and the other ranks is spread uniformly: (L-1)/W of 
 the host (intra-host bandwidth), (W-L)/W crosses hosts (one NIC per rank). Lookups are
 memory-bound: bytes moved / HBM bandwidth, with rows rounded up to 32-byte sectors. Ids are
 assumed spread uniformly over rows (a row shard with n of N rows gets n/N of the ids).
+
+Calibrated terms (Topology.CALIBRATED_TERMS, all 0 in the datasheet model; fitted by
+embshard-calibrate) add the work a machine was measured to spend beyond moving bytes:
+- lookups: per id (forward, backward), per distinct row updated, per byte of each distinct
+  row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
+  written (and its gradient read), and for sequence lookups an extra cost per distinct row
+  in backward; data-parallel replicas run another kernel, with terms of their own (per id
+  forward; per byte of per-id gradients and per distinct row backward);
+- routing, paid by the sender and by the receiver: per id and per bag length in input dist,
+  per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
+  cost per id in both;
+- fixed costs of a rank's step (`fixed_perf`): per collection's input and output dist, per
+  lookup kernel call, and collective_ms per collective step and peer rank;
+- per-phase efficiency factors (1 in the datasheet model) scale each phase: the terms above
+  come from one kernel or collective at a time, the factors from whole steps on all ranks.
+`rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
+``topology.full_duplex`` false (gloo on CPU) an all-to-all phase costs holder + requester
+side instead of their max.
 """
 
 from __future__ import annotations
@@ -40,6 +58,23 @@ GRAD_BYTES = 4  # dense gradients and optimizer state are fp32
 
 def _ms(num_bytes: float, gb_per_s: float) -> float:
     return num_bytes / (gb_per_s * 1e6)
+
+
+def _ns(count: float, ns_each: float) -> float:
+    """ms of ``count`` units of work at ``ns_each`` ns per unit."""
+    return count * ns_each * 1e-6
+
+
+def expected_distinct_rows(num_ids: float, num_rows: int) -> float:
+    """Distinct rows hit by num_ids ids drawn uniformly from num_rows rows."""
+    return num_rows * -math.expm1(-num_ids / num_rows) if num_rows > 0 else 0.0
+
+
+def _factored(p: Perf, topo: Topology) -> Perf:
+    """Per-phase efficiency factors of a calibrated profile (all 1 in the datasheet model)."""
+    return Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
+                p.output_dist_fwd_ms * topo.output_dist_factor, p.output_dist_bwd_ms * topo.output_dist_factor,
+                p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor)
 
 
 def row_bytes(num_cols: int, element_bytes: int) -> int:
@@ -62,7 +97,7 @@ def allreduce_ms(num_bytes: float, topo: Topology) -> float:
     L, H = topo.local_world_size, topo.num_hosts
     intra = _ms(2 * num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
     inter = _ms(2 * num_bytes * (H - 1) / H / L, topo.inter_host_gb_per_s)
-    return intra + inter
+    return (intra + inter) * (1 if topo.full_duplex else 2)  # each rank sends and receives as much
 
 
 def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float) -> tuple[float, float]:
@@ -76,7 +111,33 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
     # backward: read output grads, sort ids, accumulate per-id grads, then read+write each
     # touched row and its optimizer state.
     bwd_bytes = out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * (rb + opt)
-    return fwd, _ms(bwd_bytes, topo.hbm_gb_per_s)
+    fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, num_rows, num_cols)
+    out_ms = _ns(out_bytes, topo.lookup_ns_per_out_byte)
+    return fwd + fwd_extra + out_ms, _ms(bwd_bytes, topo.hbm_gb_per_s) + bwd_extra + out_ms
+
+
+def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int) -> tuple[float, float]:
+    """Calibrated lookup work beyond moving bytes (0 in the datasheet model): (forward, backward) ms."""
+    rb = row_bytes(num_cols, spec.element_bytes)
+    opt = spec.optimizer_state_bytes_per_row(num_cols)
+    distinct = expected_distinct_rows(num_ids, num_rows)
+    fwd = _ns(num_ids, topo.lookup_fwd_ns_per_id) + _ns(distinct * rb, topo.lookup_ns_per_row_byte)
+    bwd = (_ns(num_ids, topo.lookup_bwd_ns_per_id) + _ns(distinct, topo.lookup_bwd_ns_per_row)
+           + _ns(distinct * (rb + opt), topo.lookup_ns_per_row_byte))
+    if not spec.pooled:
+        bwd += _ns(distinct, topo.sequence_bwd_ns_per_row)
+    return fwd, bwd
+
+
+def _route_ms(spec: TableSpec, topo: Topology, num_ids: float, num_bags: float) -> float:
+    """Calibrated routing work for ids and bag lengths (input dist), at one end."""
+    extra = 0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id)
+    return _ns(num_ids, topo.dist_ns_per_id) + _ns(num_bags, topo.dist_ns_per_bag) + extra
+
+
+def _assemble_ms(spec: TableSpec, topo: Topology, out_bytes: float, num_ids: float) -> float:
+    """Calibrated local work on embeddings (or their gradients) in output dist, at one end."""
+    return _ns(out_bytes, topo.dist_ns_per_byte) + (0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id))
 
 
 def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int, num_shards: int) -> Perf:
@@ -100,13 +161,14 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
         out_ms = host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(out_bytes / per_host, topo)
     else:
         out_ms = spread_comm_ms(out_bytes, topo)
-    return Perf(
-        input_dist_ms=spread_comm_ms(in_bytes, topo),
+    out_ms += _assemble_ms(spec, topo, out_bytes, ids)
+    return _factored(Perf(
+        input_dist_ms=spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, ids, G * F),
         lookup_fwd_ms=fwd,
         output_dist_fwd_ms=out_ms,
         output_dist_bwd_ms=out_ms,
         lookup_bwd_ms=bwd,
-    )
+    ), topo)
 
 
 def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Perf:
@@ -116,10 +178,12 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     B, F, e, D = topo.batch_size_per_rank, spec.num_features, spec.element_bytes, spec.embedding_dim
     ids = B * spec.pooling_factor * F
     copies = num_shards if stype.splits_cols else 1  # column shards each need every id
-    in_bytes = copies * ids * ID_BYTES + (num_shards if stype.splits_rows or stype.splits_cols else 1) * B * F * LENGTH_BYTES
+    length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
+    in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
     out_bytes = (B * F if spec.pooled else ids) * D * e
-    out_ms = spread_comm_ms(out_bytes, topo)
-    return Perf(input_dist_ms=spread_comm_ms(in_bytes, topo), output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms)
+    out_ms = spread_comm_ms(out_bytes, topo) + _assemble_ms(spec, topo, out_bytes, ids)
+    input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
+    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
@@ -127,8 +191,57 @@ def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
     B, F, N, D, e = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim, spec.element_bytes
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
-    fwd, _ = _lookup_ms(spec, topo, ids, N, D, out_rows)
+    rb = row_bytes(D, e)
+    fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * e, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
     # dense backward: zero + scatter-add the full gradient, then update every row and its state
-    bwd_bytes = out_rows * D * e + ids * row_bytes(D, e) + 2 * grad_bytes + N * 2 * (row_bytes(D, e) + spec.optimizer_state_bytes_per_row(D))
-    return Perf(lookup_fwd_ms=fwd, lookup_bwd_ms=_ms(bwd_bytes, topo.hbm_gb_per_s), dp_allreduce_ms=allreduce_ms(grad_bytes, topo))
+    bwd_bytes = out_rows * D * e + ids * rb + 2 * grad_bytes + N * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    # calibrated: the replica kernel's work, local routing and assembly, one collective
+    out_bytes = out_rows * D * e
+    fwd += _ns(ids, topo.dp_fwd_ns_per_id)
+    bwd = (_ms(bwd_bytes, topo.hbm_gb_per_s) + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
+           + _ns(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
+    return _factored(Perf(
+        input_dist_ms=_route_ms(spec, topo, ids, B * F),
+        lookup_fwd_ms=fwd,
+        output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
+        output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
+        lookup_bwd_ms=bwd,
+        dp_allreduce_ms=allreduce_ms(grad_bytes, topo) + collective_fixed_ms(topo, 2),
+    ), topo)
+
+
+def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
+    """Calibrated fixed cost of one collective: collective_ms per step and peer rank."""
+    return topo.collective_ms * steps_per_peer * (topo.world_size - 1)
+
+
+def fixed_perf(topo: Topology, num_collections: int, num_kernel_calls: int) -> Perf:
+    """A rank's fixed cost per step (calibrated; zero in the datasheet model).
+
+    num_collections: sharded collections the step runs (pooled and/or sequence), each with
+    its input dist (three collectives: batch sizes, lengths, ids) and one all-to-all in each
+    output dist direction; num_kernel_calls: lookup kernels the rank runs.
+    """
+    c = collective_fixed_ms(topo)
+    k = num_kernel_calls
+    return _factored(Perf(input_dist_ms=(topo.input_dist_call_ms + 3 * c) * num_collections,
+                          lookup_fwd_ms=topo.lookup_fwd_call_ms * k,
+                          output_dist_fwd_ms=(topo.output_dist_call_ms + c) * num_collections,
+                          output_dist_bwd_ms=(topo.output_dist_call_ms + c) * num_collections,
+                          lookup_bwd_ms=topo.lookup_bwd_call_ms * k), topo)
+
+
+def rank_perf(held: Perf, requester: Perf, every: Perf, fixed: Perf, topo: Topology) -> Perf:
+    """A rank's time by phase: the shards it holds, its requester side, every-rank (data-parallel)
+    and fixed costs. An all-to-all phase takes max(holder, requester) on full-duplex links and
+    their sum otherwise (``topology.full_duplex``)."""
+    both = max if topo.full_duplex else (lambda a, b: a + b)
+    return Perf(
+        input_dist_ms=both(held.input_dist_ms, requester.input_dist_ms) + every.input_dist_ms + fixed.input_dist_ms,
+        lookup_fwd_ms=held.lookup_fwd_ms + every.lookup_fwd_ms + fixed.lookup_fwd_ms,
+        output_dist_fwd_ms=both(held.output_dist_fwd_ms, requester.output_dist_fwd_ms) + every.output_dist_fwd_ms + fixed.output_dist_fwd_ms,
+        output_dist_bwd_ms=both(held.output_dist_bwd_ms, requester.output_dist_bwd_ms) + every.output_dist_bwd_ms + fixed.output_dist_bwd_ms,
+        lookup_bwd_ms=held.lookup_bwd_ms + every.lookup_bwd_ms + fixed.lookup_bwd_ms,
+        dp_allreduce_ms=held.dp_allreduce_ms + every.dp_allreduce_ms + fixed.dp_allreduce_ms,
+    )

@@ -1,0 +1,210 @@
+"""Measure a machine and fit the planner's cost terms: the body of `embshard-calibrate`.
+
+    from embshard.calibrate.calibrate import measure_all, fit_data, profile_yaml
+    data = measure_all(cfg)           # kernels, collectives and plans on local ranks
+    result = fit_data(data)           # embshard.calibrate.fit.Fit
+    text = profile_yaml(result.topology(base), data, result)
+
+Three sources of measurements, each CPU time per rank (see embshard.calibrate.measure):
+kernel microbenchmarks (embshard.calibrate.kernels), gloo collectives
+(embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
+ranks (the runtime's own routing and assembly work). embshard.calibrate.fit fits every term
+of the planner's cost model on the data it explains.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from embshard.calibrate import collectives, kernels
+from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, fit
+from embshard.calibrate.measure import PHASES, measure_plans
+from embshard.calibrate.synthetic import bench_tables, random_plan
+from embshard.planner.plan import ShardingPlan
+from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
+
+GROUP_KEYS = {
+    "topology": {"world_size": int, "local_world_size": int, "hbm_gib": float, "batch_size_per_rank": int, "reserved_fraction": float},
+    "kernels": {"dims": list, "rows": list, "batches": list, "poolings": list, "sequence": bool, "dp_max_rows": int,
+                "max_table_elements": int, "steps": int, "warmup": int},
+    "collectives": {"world_sizes": list, "sizes_bytes": list, "reps": int, "warmup": int},
+    "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
+              "sequence_fraction": float, "steps": int, "warmup": int},
+}
+TOP_KEYS = ("profile", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
+
+
+def validate(cfg: Mapping[str, Any]) -> None:
+    """ValueError naming the key and what it takes, for anything embshard-calibrate cannot use."""
+    unknown = sorted(set(cfg) - set(TOP_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; allowed keys are {list(TOP_KEYS)}")
+    profile = cfg.get("profile")
+    if not isinstance(profile, str) or not profile or not profile.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"profile: must be a name of letters, digits, '_' and '-' (the file configs/topology/<profile>.yaml), got {profile!r}")
+    if profile in ("cpu", "gpu"):
+        raise ValueError(f"profile: {profile!r} is a shipped datasheet topology; choose another name, e.g. {profile}_measured")
+    timeout = cfg.get("timeout_s")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout!r}")
+    for group, keys in GROUP_KEYS.items():
+        raw = cfg.get(group)
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{group}: expected a mapping with keys {list(keys)}")
+        bad = sorted(set(raw) - set(keys))
+        if bad:
+            raise ValueError(f"{group}: unknown key(s) {bad}; allowed keys are {list(keys)}")
+        for key, kind in keys.items():
+            if key not in raw:
+                raise ValueError(f"{group}.{key}: missing")
+            v, where = raw[key], f"{group}.{key}"
+            if kind is bool:
+                if not isinstance(v, bool):
+                    raise ValueError(f"{where}: must be true or false, got {v!r}")
+            elif kind is list:
+                if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v):
+                    raise ValueError(f"{where}: must be a non-empty list of positive numbers, got {v!r}")
+            elif kind is int:
+                if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in ("warmup", "seed") else 1):
+                    raise ValueError(f"{where}: must be a {'non-negative' if key in ('warmup', 'seed') else 'positive'} integer, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{where}: must be a number >= 0, got {v!r}")
+    for group in ("collectives", "plans"):
+        sizes = cfg[group]["world_sizes"]
+        if any(not isinstance(w, int) or w < 2 for w in sizes):
+            raise ValueError(f"{group}.world_sizes: ranks per run must be whole numbers >= 2, got {sizes}")
+    if cfg["plans"]["sequence_fraction"] > 1:
+        raise ValueError(f"plans.sequence_fraction: must be in [0, 1], got {cfg['plans']['sequence_fraction']!r}")
+    base_topology(cfg)  # the profile's shape must be a valid topology
+
+
+def base_topology(cfg: Mapping[str, Any]) -> Topology:
+    return Topology.from_dict({**cfg["topology"], "device": "cpu"}, "topology")
+
+
+def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int) -> list[ShardingPlan]:
+    """Random runnable layouts of generated workloads (seeds from pcfg['seed'])."""
+    topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size, device="cpu")
+    out = []
+    for i in range(pcfg["num_plans"]):
+        seed = pcfg["seed"] + 100 * world_size + i
+        specs = bench_tables(pcfg["num_tables"], seed, pcfg["max_rows"], pcfg["max_pooling"], pcfg["sequence_fraction"])
+        out.append(random_plan(specs, topo, seed))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, load and date of the measurement."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if os.path.exists("/usr/bin/lscpu") else ""
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
+    return {"cpu": model, "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def measure_all(cfg: Mapping[str, Any], log=print) -> dict[str, Any]:
+    """Run every enabled measurement; returns the data file's content."""
+    kc, cc, pc = cfg["kernels"], cfg["collectives"], cfg["plans"]
+    data: dict[str, Any] = {"machine_start": machine(), "config": {k: cfg[k] for k in ("topology", "kernels", "collectives", "plans")}}
+    t0 = time.perf_counter()
+    points = kernels.grid(kc["dims"], kc["rows"], kc["batches"], kc["poolings"], kc["sequence"], kc["dp_max_rows"], kc["max_table_elements"])
+    log(f"kernels: {len(points)} points on 1 rank")
+    data["kernels"] = kernels.run(points, kc["steps"], kc["warmup"], cfg["timeout_s"])
+    log(f"collectives: {len(cc['sizes_bytes'])} sizes on {cc['world_sizes']} ranks")
+    data["collectives"] = collectives.run(cc["world_sizes"], cc["sizes_bytes"], cc["reps"], cc["warmup"], cfg["timeout_s"])
+    data["plans"] = []
+    for W in pc["world_sizes"]:
+        plans = calibration_plans(pc, W, cfg["topology"]["batch_size_per_rank"])
+        log(f"plans: {len(plans)} random layouts on {W} ranks")
+        for p, m in zip(plans, measure_plans(plans, steps=pc["steps"], warmup=pc["warmup"], timeout_s=cfg["timeout_s"])):
+            data["plans"].append({"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m.ranks], "wall_ms": [r.wall_ms for r in m.ranks],
+                                  "step_wall_ms": m.step_wall_ms})
+    data["machine_end"] = machine()
+    data["measure_s"] = time.perf_counter() - t0
+    return data
+
+
+def samples_of(data: Mapping[str, Any]) -> list[Sample]:
+    out = []
+    for r in data.get("kernels", []):
+        point = kernels.KernelPoint(r["kind"], r["pooled"], r["rows"], r["dim"], r["batch"], r["pooling"])
+        out.append(Sample(point.plan(), ({p: r[f"cpu_{p}"] for p in PHASES},), "kernels"))
+    for entry in data.get("plans", []):
+        out.append(Sample(ShardingPlan.from_dict(entry["plan"]), tuple(entry["cpu_ms"]), "plans"))
+    return out
+
+
+def fit_data(data: Mapping[str, Any]) -> Fit:
+    return fit(samples_of(data), data.get("collectives", []))
+
+
+def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, command: str) -> str:
+    """The profile file: the topology with its fitted terms, and how it was measured."""
+    m0, m1 = data.get("machine_start", {}), data.get("machine_end", {})
+    lines = [
+        f"# Measured cost profile: {m0.get('cpu', '?')}, {m0.get('cores', '?')} cores, no GPU; gloo on CPU, one torch thread per rank.",
+        f"# Written by `{command}` on {m1.get('date', m0.get('date', '?'))}",
+        f"# (load average {m0.get('load_avg')} at start, {m1.get('load_avg')} at end; measuring took {data.get('measure_s', 0):.0f} s).",
+        "# Times are CPU time per rank (its process's user + system time, gloo's threads included):",
+        "# a rank's work on a core of its own. Sends and receives both cost CPU: full_duplex is false.",
+        f"# Fit (relative error of per-rank step time): "
+        + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
+        "# inter_host_gb_per_s is not measured on one host (0 = the cpu default). See embshard/planner/cost/perf.py.",
+    ]
+    values = topology.to_dict()
+    for key in ("world_size", "local_world_size", "hbm_gib", "batch_size_per_rank", "device", "reserved_fraction"):
+        lines.append(f"{key}: {values[key]}")
+    for key in BANDWIDTHS:
+        lines.append(f"{key}: {_num(values[key])}")
+    lines.append("inter_host_gb_per_s: 0.0")
+    lines.append("full_duplex: false")
+    for key in CALIBRATED_TERMS:
+        lines.append(f"{key}: {_num(values[key])}")
+    lines.append("# per-phase factors: whole steps on 2 and 4 ranks relative to the microbenchmarks")
+    for key in PHASE_FACTORS:
+        lines.append(f"{key}: {_num(values[key])}")
+    assert set(TERMS) <= set(values)
+    return "\n".join(lines) + "\n"
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}" if x else "0.0"
+
+
+def write_profile(text: str, cfg: Mapping[str, Any], config_dir: Path) -> Path:
+    out_dir = Path(cfg["out_dir"]) if cfg.get("out_dir") else config_dir / "topology"
+    path = out_dir / f"{cfg['profile']}.yaml"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise ValueError(f"out_dir={out_dir}: cannot write the profile ({e.strerror or e}); choose a writable folder") from None
+    return path
+
+
+def write_data(data: Mapping[str, Any], path: str | Path) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    except OSError as e:
+        raise ValueError(f"data_out={path}: cannot write the measurements ({e.strerror or e})") from None
+
+
+def read_data(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"from_data={path}: cannot read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"from_data={path}: not a JSON measurement file ({e})") from None
+    if not isinstance(data, dict) or not ({"kernels", "collectives", "plans"} & set(data)):
+        raise ValueError(f"from_data={path}: not an embshard-calibrate measurement file (no kernels/collectives/plans)")
+    return data

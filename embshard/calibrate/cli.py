@@ -1,0 +1,83 @@
+"""embshard-calibrate: measure this machine and write a topology profile for the planner.
+
+    embshard-calibrate profile=cpu_gloo_measured                 # ~10 min on 2 cores
+    embshard-plan topology=cpu_gloo_measured tables=dlrm_150     # plan with measured costs
+    embshard-calibrate profile=mine from_data=outputs/calibrate/mine.json   # refit only
+
+A Hydra app over configs/calibrate.yaml. Measures FBGEMM lookups forward and backward over
+dims, pooling factors, rows and batch sizes; gloo all-to-all and all-reduce over message
+and world sizes; and random layouts of generated workloads on 2 and 4 local ranks; fits the
+planner's per-phase cost terms (embshard.calibrate.fit) and writes
+configs/topology/<profile>.yaml and the raw measurements (data_out). Bad input ends with
+exit status 2 and one line on stderr, ``embshard-calibrate: error: ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import hydra
+import yaml
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from embshard.calibrate.calibrate import (base_topology, fit_data, measure_all, profile_yaml, read_data, validate, write_data,
+                                          write_profile)
+from embshard.plan_cli import CONFIG_DIR
+
+EXIT_BAD_INPUT = 2
+PROG = "embshard-calibrate"
+
+
+def run(cfg: dict) -> Path:
+    validate(cfg)
+    command = " ".join([PROG, *sys.argv[1:]])
+    if cfg.get("from_data"):
+        data = read_data(cfg["from_data"])
+        print(f"refitting {cfg['from_data']}", flush=True)
+    else:
+        data = measure_all(cfg, log=lambda m: print(m, flush=True))
+        write_data(data, cfg["data_out"])
+        print(f"wrote measurements to {cfg['data_out']}", flush=True)
+    result = fit_data(data)
+    path = write_profile(profile_yaml(result.topology(base_topology(cfg)), data, result, command), cfg, Path(CONFIG_DIR))
+    for src, e in sorted(result.errors.items()):
+        print(f"fit {src}: median error {e['median']:.1%}, p90 {e['p90']:.1%} over {e['n']}", flush=True)
+    print(f"wrote {path}; plan with: embshard-plan topology={cfg['profile']}", flush=True)
+    return path
+
+
+def fail(message: str) -> None:
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"{PROG}: error: {one_line}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
+def hydra_main(cfg: DictConfig) -> None:
+    try:
+        run(OmegaConf.to_container(cfg, resolve=True))
+    except (ValueError, OmegaConfBaseException) as e:
+        fail(str(e))
+    except RuntimeError as e:  # a spawned rank failed: say which and why, on one line
+        fail(f"measurement failed: {e}")
+
+
+def main() -> None:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        hydra_main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:
+        fail(str(e).split("Config search path:")[0])
+    finally:
+        del os.environ["HYDRA_FULL_ERROR"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Microbenchmarks of the collectives the runtime uses: all-to-all (even splits) and
+all-reduce of fp32 tensors, across message sizes and world sizes, on local gloo ranks.
+
+Each rank reports the median CPU time (its process, gloo's threads included) and wall time
+of ``reps`` calls after ``warmup``; ranks line up with a barrier before every call.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence
+
+OPS = ("all_to_all", "all_reduce")
+
+
+def bench_in_rank(pg, job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    W = dist.get_world_size(pg)
+    rows = []
+    for nbytes in job["sizes_bytes"]:
+        n = max(W, int(nbytes) // 4 // W * W)
+        x = torch.rand(n)
+        for op in OPS:
+            cpu, wall = [], []
+            for i in range(job["warmup"] + job["reps"]):
+                out = torch.empty(n)
+                dist.barrier(group=pg)
+                c0, w0 = time.process_time(), time.perf_counter()
+                if op == "all_to_all":
+                    dist.all_to_all_single(out, x, group=pg)
+                else:
+                    dist.all_reduce(x, group=pg)
+                c1, w1 = time.process_time(), time.perf_counter()
+                if i >= job["warmup"]:
+                    cpu.append(c1 - c0)
+                    wall.append(w1 - w0)
+            rows.append({"op": op, "world_size": W, "bytes": n * 4, "cpu_ms": statistics.median(cpu) * 1e3,
+                         "wall_ms": statistics.median(wall) * 1e3})
+    return {"rows": rows}
+
+
+def run(world_sizes: Sequence[int], sizes_bytes: Sequence[int], reps: int = 7, warmup: int = 2,
+        timeout_s: float = 900.0) -> list[dict[str, Any]]:
+    """Rows (op, world_size, bytes per rank, rank, cpu_ms, wall_ms) for every rank of every world size."""
+    from embshard.calibrate.measure import run_ranks
+
+    out = []
+    for W in world_sizes:
+        job = {"kind": "collectives", "sizes_bytes": list(sizes_bytes), "reps": reps, "warmup": warmup}
+        for rank, result in enumerate(run_ranks(W, job, timeout_s)):
+            out.extend({**row, "rank": rank} for row in result["rows"])
+    return out

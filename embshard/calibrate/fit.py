@@ -1,0 +1,199 @@
+"""Fit the cost model's calibrated terms to measurements.
+
+The planner's predicted time of a rank's phase is linear in the terms it is fitted for:
+1 / bandwidth for hbm_gb_per_s and intra_host_gb_per_s, and every term of
+Topology.CALIBRATED_TERMS (ns per unit of work, ms per call). So the design matrix is
+built by the cost model itself: column k of a measured (plan, rank, phase) is what
+`predict_ranks` says for that rank and phase on a topology where term k is one unit and
+every other term is off. Fitting is then non-negative least squares on relative errors
+(each row divided by its measured time plus FLOOR_MS), with each data source (kernel
+microbenchmarks, collective microbenchmarks, plans run on ranks) weighted equally.
+Sequence-only terms are fitted afterwards on the sequence samples, the shared terms fixed,
+so the slower sequence paths cannot pull the pooled terms.
+
+Then the per-phase factors (Topology.PHASE_FACTORS) scale the microbenchmark terms to what
+the phases cost in whole steps on all ranks (measured plans): ranks running together share
+caches, memory bandwidth and cores.
+
+All topologies here are half duplex (full_duplex false): measurements are CPU time of
+each rank, which pays for sending and receiving alike.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from embshard.calibrate.measure import PHASES
+from embshard.calibrate.predict import predict_ranks
+from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
+from embshard.planner.plan import ShardingPlan
+from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
+
+BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s")
+TERMS = (*BANDWIDTHS, *CALIBRATED_TERMS)
+UNIT_GB_PER_S = 1e-6  # a bandwidth of 1e-6 GB/s costs 1 ms per byte
+FLOOR_MS = 0.5
+FREE_GB_PER_S = 1e6  # stored when a bandwidth's cost fits to zero
+LOOKUP_PHASES = ("lookup_fwd_ms", "lookup_bwd_ms")
+DIST_PHASES = ("input_dist_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "dp_allreduce_ms")
+LOOKUP_TERMS = ("hbm_gb_per_s", "lookup_fwd_call_ms", "lookup_bwd_call_ms", "lookup_fwd_ns_per_id", "lookup_bwd_ns_per_id", "lookup_bwd_ns_per_row",
+                "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row")
+DIST_TERMS = ("intra_host_gb_per_s", "collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
+SEQUENCE_TERMS = ("lookup_ns_per_out_byte", "sequence_bwd_ns_per_row", "sequence_dist_ns_per_id")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A measured plan: its placements and topology, and per-rank measured CPU ms by phase."""
+
+    plan: ShardingPlan
+    measured: tuple[dict[str, float], ...]  # per rank: phase -> ms
+    source: str  # "kernels" | "plans"
+
+
+def unit_topology(base: Topology, term: str | None) -> Topology:
+    """``base`` with every fitted term off (bandwidths infinite) and ``term`` at one unit."""
+    values: dict[str, Any] = {t: (math.inf if t in BANDWIDTHS else 0.0) for t in TERMS}
+    values["inter_host_gb_per_s"] = math.inf
+    if term is not None:
+        values[term] = UNIT_GB_PER_S if term in BANDWIDTHS else 1.0
+    return replace(base, full_duplex=False, **{f: 1.0 for f in PHASE_FACTORS}, **values)
+
+
+def plan_rows(sample: Sample, phases: Sequence[str] = PHASES) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
+    """Design rows (one per rank and phase), measured ms, and (source, phase) labels."""
+    p = sample.plan
+    columns = [predict_ranks(p.specs, unit_topology(p.topology, t), p.tables) for t in TERMS]
+    X, y, labels = [], [], []
+    for r, measured in enumerate(sample.measured):
+        for phase in phases:
+            X.append([getattr(col[r], phase) for col in columns])
+            y.append(measured[phase])
+            labels.append((sample.source, phase))
+    return np.array(X), np.array(y), labels
+
+
+def collective_rows(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
+    """Design rows of collective microbenchmarks (median over ranks of each point)."""
+    points: dict[tuple[str, int, int], list[float]] = {}
+    for row in rows:
+        points.setdefault((row["op"], row["world_size"], row["bytes"]), []).append(row["cpu_ms"])
+    X, y, labels = [], [], []
+    for (op, W, nbytes), cpu in sorted(points.items()):
+        topo = unit_topology(Topology(world_size=W, local_world_size=W, device="cpu"), "intra_host_gb_per_s")
+        # all-to-all: the rank sends and receives (W-1)/W of its buffer; all-reduce: allreduce_ms
+        per_byte = 2 * spread_comm_ms(nbytes, topo) if op == "all_to_all" else allreduce_ms(nbytes, topo)
+        x = [0.0] * len(TERMS)
+        x[TERMS.index("intra_host_gb_per_s")] = per_byte
+        x[TERMS.index("collective_ms")] = (W - 1) * (1 if op == "all_to_all" else 2)
+        X.append(x)
+        y.append(statistics.median(cpu))
+        labels.append(("collectives", op))
+    return np.array(X), np.array(y), labels
+
+
+def to_topology(base: Topology, theta: dict[str, float], factors: dict[str, float] | None = None) -> Topology:
+    """``base`` with fitted coefficients (bandwidths from ms per byte, terms as fitted) and factors."""
+    values: dict[str, Any] = {f: (factors or {}).get(f, 1.0) for f in PHASE_FACTORS}
+    for t in TERMS:
+        c = theta.get(t, 0.0)
+        values[t] = (1.0 / (c * 1e6) if c > 0 else FREE_GB_PER_S) if t in BANDWIDTHS else c
+    return replace(base, full_duplex=False, **values)
+
+
+@dataclass(frozen=True)
+class Fit:
+    theta: dict[str, float]  # coefficient per TERMS entry (ms per byte for bandwidths)
+    factors: dict[str, float]  # PHASE_FACTORS
+    errors: dict[str, dict[str, float]]  # source -> {"median": ..., "p90": ..., "n": ...} relative error
+
+    def topology(self, base: Topology) -> Topology:
+        return to_topology(base, self.theta, self.factors)
+
+
+
+
+
+def _nnls(samples: Sequence[Sample], phases: Sequence[str], collectives: Sequence[dict[str, Any]], free: Sequence[str],
+          fixed: dict[str, float]) -> dict[str, float]:
+    blocks = [plan_rows(s, phases) for s in samples]
+    if collectives:
+        blocks.append(collective_rows(collectives))
+    X = np.vstack([b[0] for b in blocks])
+    y = np.concatenate([b[1] for b in blocks])
+    sources = [lab[0] for b in blocks for lab in b[2]]
+    counts = {s: sources.count(s) for s in set(sources)}
+    w = np.array([1.0 / (yi + FLOOR_MS) / math.sqrt(counts[s]) for yi, s in zip(y, sources)])
+    fixed_vec = np.array([0.0 if t in free else fixed.get(t, 0.0) for t in TERMS])
+    cols = [TERMS.index(t) for t in free]
+    coef, _ = nnls(X[:, cols] * w[:, None], (y - X @ fixed_vec) * w)
+    return {**{t: fixed.get(t, 0.0) for t in TERMS}, **{t: float(c) for t, c in zip(free, coef)}}
+
+
+def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed: dict[str, float] | None = None) -> Fit:
+    """Fit the terms on the microbenchmarks, then the per-phase factors on the plans.
+
+    Terms (TERMS, except those in ``fixed``), on the kernel samples and the collectives, in
+    three independent least-squares steps: LOOKUP_TERMS on the lookup phases, DIST_TERMS on
+    the other phases and the collectives (both without sequence tables), then SEQUENCE_TERMS
+    on the sequence samples, the others held. Factors (PHASE_FACTORS): for each phase, the
+    least-squares ratio of measured to predicted time over the ranks of the plan samples
+    (1 where no plan exercises the phase).
+    """
+    fixed = dict(fixed or {})
+    micro = [s for s in samples if s.source != "plans"]
+    pooled = [s for s in micro if all(t.pooled for t in s.plan.specs)]
+    sequence = [s for s in micro if not all(t.pooled for t in s.plan.specs)]
+    theta = {t: fixed.get(t, 0.0) for t in TERMS}
+    steps = ((pooled, LOOKUP_PHASES, [], LOOKUP_TERMS), (pooled, DIST_PHASES, collectives, DIST_TERMS),
+             (sequence, PHASES, [], SEQUENCE_TERMS))
+    for data, phases, colls, terms in steps:
+        free = [t for t in terms if t not in fixed]
+        if (data or colls) and free:
+            theta = _nnls(data, phases, colls, free, theta)
+    factors = phase_factors([s for s in samples if s.source == "plans"], theta)
+    return Fit(theta, factors, fit_errors(samples, collectives, theta, factors))
+
+
+FACTOR_PHASES = {"input_dist_factor": ("input_dist_ms",), "lookup_fwd_factor": ("lookup_fwd_ms",),
+                 "output_dist_factor": ("output_dist_fwd_ms", "output_dist_bwd_ms"), "lookup_bwd_factor": ("lookup_bwd_ms",),
+                 "dp_allreduce_factor": ("dp_allreduce_ms",)}
+
+
+def phase_factors(samples: Sequence[Sample], theta: dict[str, float]) -> dict[str, float]:
+    """Per phase: f minimising sum ((measured - f predicted) / rank's measured step)^2 over ranks,
+    so phases weigh by their share of the step time that the planner minimises."""
+    num = dict.fromkeys(PHASE_FACTORS, 0.0)
+    den = dict.fromkeys(PHASE_FACTORS, 0.0)
+    for s in samples:
+        topo = to_topology(s.plan.topology, theta)
+        for pred, meas in zip(predict_ranks(s.plan.specs, topo, s.plan.tables), s.measured):
+            w = 1.0 / (sum(meas[p] for p in PHASES) + FLOOR_MS) ** 2
+            for factor, phases in FACTOR_PHASES.items():
+                for phase in phases:
+                    p, m = getattr(pred, phase), meas[phase]
+                    num[factor] += w * p * m
+                    den[factor] += w * p * p
+    return {f: (num[f] / den[f] if den[f] > 0 and num[f] > 0 else 1.0) for f in PHASE_FACTORS}
+
+
+def fit_errors(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], theta: dict[str, float],
+               factors: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Relative error of per-rank totals (plans, kernels) and of collective times, by source."""
+    errors: dict[str, list[float]] = {}
+    for s in samples:
+        topo = to_topology(s.plan.topology, theta, factors if s.source == "plans" else None)
+        for pred, meas in zip(predict_ranks(s.plan.specs, topo, s.plan.tables), s.measured):
+            total = sum(meas[p] for p in PHASES)
+            errors.setdefault(s.source, []).append(abs(pred.total_ms - total) / total)
+    if collectives:
+        X, y, _ = collective_rows(collectives)
+        vec = np.array([theta.get(t, 0.0) for t in TERMS])
+        errors["collectives"] = list(np.abs(X @ vec - y) / y)
+    return {src: {"median": float(np.median(v)), "p90": float(np.quantile(v, 0.9)), "n": len(v)} for src, v in errors.items()}

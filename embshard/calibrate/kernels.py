@@ -1,0 +1,69 @@
+"""Microbenchmarks of the rank-local lookups, measured through the runtime on one rank.
+
+Each point is one table of ``rows x dim`` looked up by ``batch`` bags of on average
+``pooling`` ids, placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
+rowwise_adagrad update, pooled or sequence) or data_parallel ("dp": the runtime's replica
+kernel) on a one-rank gloo group. Going through the public runtime (a sharded collection
+with a timer, embshard.calibrate.measure) keeps the benchmark honest as the runtime
+changes: the lookup phases are exactly what a rank runs, and the input/output dist phases
+at one rank measure the per-id CPU work of routing without any network transfer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from embshard.planner.api import manual_plan
+from embshard.planner.plan import ShardingPlan
+from embshard.planner.types import ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+KINDS = ("fbgemm", "dp")
+
+
+@dataclass(frozen=True)
+class KernelPoint:
+    kind: str  # "fbgemm" | "dp"
+    pooled: bool
+    rows: int
+    dim: int
+    batch: int
+    pooling: float
+
+    def spec(self) -> TableSpec:
+        return TableSpec("t", self.rows, self.dim, float(self.pooling), pooled=self.pooled)
+
+    def topology(self) -> Topology:
+        return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device="cpu")
+
+    def plan(self, topology: Topology | None = None) -> ShardingPlan:
+        stype = ShardingType.TABLE_WISE if self.kind == "fbgemm" else ShardingType.DATA_PARALLEL
+        return manual_plan([self.spec()], topology or self.topology(), {"t": (stype, [0])})
+
+
+def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], poolings: Sequence[float],
+         sequence: bool, dp_max_rows: int, max_table_elements: int) -> list[KernelPoint]:
+    """Pooled fbgemm points over the full grid, sequence points (if ``sequence``) and
+    data-parallel points (tables up to dp_max_rows rows) over the same grid; tables above
+    max_table_elements (rows x dim) are skipped."""
+    points = []
+    for d, n, b, p in itertools.product(dims, rows, batches, poolings):
+        if n * d > max_table_elements:
+            continue
+        points.append(KernelPoint("fbgemm", True, n, d, b, p))
+        if sequence:
+            points.append(KernelPoint("fbgemm", False, n, d, b, p))
+        if n <= dp_max_rows:
+            points.append(KernelPoint("dp", True, n, d, b, p))
+    return points
+
+
+def run(points: Sequence[KernelPoint], steps: int = 5, warmup: int = 2, timeout_s: float = 1800.0) -> list[dict[str, Any]]:
+    """Measure every point on one spawned rank; rows of the point's fields plus measured CPU ms by phase."""
+    from embshard.calibrate.measure import measure_plans
+
+    measured = measure_plans([p.plan() for p in points], steps=steps, warmup=warmup, timeout_s=timeout_s)
+    return [{**asdict(p), **{f"cpu_{k}": v for k, v in m.ranks[0].cpu_ms.items()}} for p, m in zip(points, measured)]

@@ -1,0 +1,305 @@
+"""Run a ShardingPlan on local gloo ranks and measure each rank's time per phase of a step.
+
+    from embshard.calibrate.measure import measure_plans
+    results = measure_plans([plan], steps=10)      # spawns plan.topology.world_size ranks
+    results[0].ranks[r].cpu_ms["lookup_bwd"]
+
+Every rank builds the sharded collections of the plan (pooled tables in a
+ShardedEmbeddingBagCollection, sequence tables in a ShardedEmbeddingCollection), feeds them
+synthetic batches drawn from the table specs (embshard.calibrate.synthetic) and runs
+forward + backward (with the fused optimizer update). Phases are those of the planner's
+`Perf`: forward phases come from the collections' timer hook (`collection.timer`, the
+runtime's PhaseTimer interface); backward phases from autograd node hooks: the all-to-all
+backward nodes are output_dist_bwd, the lookup kernels' backward nodes lookup_bwd, and the
+collectives data-parallel replicas run inside their backward dp_allreduce (timed by wrapping
+torch.distributed's collectives in the measuring process). Backward work outside those nodes
+(output assembly) counts as output_dist_bwd. The step is forward + backward of the
+collections; the harness's own work (batches, gradient seeds, hooks) is not counted.
+
+Each phase is timed two ways: CPU time of the rank's process (user + system, all its
+threads, gloo's included) and wall-clock time. CPU time is the *per-rank* measure: it is what
+the rank's work costs on a core of its own, whatever else runs on the machine, and does not
+count waiting for slower peers inside collectives. Wall-clock time, with more ranks than
+cores or other load, also counts time the rank was not scheduled and time spent waiting for
+the slowest rank, so it says more about the machine than about the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from embshard.planner.plan import ShardingPlan
+from embshard.planner.types import Perf
+
+PHASES = ("input_dist_ms", "lookup_fwd_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "lookup_bwd_ms", "dp_allreduce_ms")
+# collection timer phase -> Perf field
+FORWARD_PHASES = {"input_dist": "input_dist_ms", "lookup": "lookup_fwd_ms", "output_dist": "output_dist_fwd_ms"}
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """Median over measured steps of one rank's per-phase times (ms), CPU and wall clock."""
+
+    rank: int
+    cpu_ms: dict[str, float]  # PHASES and "total_ms"
+    wall_ms: dict[str, float]
+
+    @property
+    def cpu_perf(self) -> Perf:
+        return Perf(**{p: self.cpu_ms[p] for p in PHASES})
+
+
+@dataclass(frozen=True)
+class PlanMeasurement:
+    ranks: tuple[RankMeasurement, ...]
+    step_wall_ms: float  # wall clock per step between barriers (rank 0), all ranks running together
+    steps: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_rank_cpu_ms(self) -> float:
+        return max(r.cpu_ms["total_ms"] for r in self.ranks)
+
+
+# ---- inside a rank ----------------------------------------------------------------------------
+
+
+class PhaseClock:
+    """Sums CPU and wall seconds per phase. Duck-types embshard.runtime.timing.PhaseTimer
+    (``collection.timer = clock``), and times autograd nodes in backward."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.wall: dict[str, float] = defaultdict(float)
+        self.in_lookup_bwd = False  # set while a lookup backward node runs
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.process_time() - c0, time.perf_counter() - w0)
+
+    def add(self, name: str, cpu_s: float, wall_s: float) -> None:
+        self.cpu[name] += cpu_s
+        self.wall[name] += wall_s
+
+    def reset(self) -> None:
+        self.cpu.clear()
+        self.wall.clear()
+
+
+def _node_phase(name: str) -> str | None:
+    if "LookupFunction" in name or "_TorchLookup" in name:
+        return "lookup_bwd_ms"
+    if "_AllToAll" in name:
+        return "a2a_bwd"
+    return None
+
+
+def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
+    """Time the lookup and all-to-all nodes of the graph behind ``roots``; returns how many."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in roots if t.grad_fn is not None]
+    found = 0
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        phase = _node_phase(node.name())
+        if phase is not None:
+            found += 1
+            start: list[float] = []
+
+            def pre(grad_outputs, start=start, phase=phase):
+                clock.in_lookup_bwd = phase == "lookup_bwd_ms"
+                start[:] = [time.process_time(), time.perf_counter()]
+
+            def post(grad_inputs, grad_outputs, start=start, phase=phase):
+                clock.add(phase, time.process_time() - start[0], time.perf_counter() - start[1])
+                clock.in_lookup_bwd = False
+
+            node.register_prehook(pre)
+            node.register_hook(post)
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return found
+
+
+@contextmanager
+def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
+    """Time the collectives data-parallel replicas run inside their backward (all_reduce,
+    all_to_all_single, all_gather_into_tensor) as dp_allreduce_ms: torch.distributed's
+    functions are wrapped in this process while a lookup backward node runs."""
+    import torch.distributed as dist
+
+    names = ("all_reduce", "all_to_all_single", "all_gather_into_tensor")
+    originals = {n: getattr(dist, n) for n in names}
+
+    def wrap(fn):
+        def timed(*args, **kwargs):
+            if not clock.in_lookup_bwd:
+                return fn(*args, **kwargs)
+            c0, w0 = time.process_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock.add("dp_allreduce_ms", time.process_time() - c0, time.perf_counter() - w0)
+        return timed
+
+    for n, fn in originals.items():
+        setattr(dist, n, wrap(fn))
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(dist, n, fn)
+
+
+def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int = 0, num_batches: int = 3) -> dict[str, Any]:
+    """Build the plan's collections on this rank, run warmup + steps, return per-step phase times (s)."""
+    import torch
+    import torch.distributed as dist
+
+    from embshard.calibrate.synthetic import synthetic_batch
+    from embshard.runtime import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
+
+    rank = dist.get_rank(pg)
+    B = plan.topology.batch_size_per_rank
+    pooled = [s for s in plan.specs if s.pooled]
+    sequence = [s for s in plan.specs if not s.pooled]
+    collections = []
+    if pooled:
+        collections.append((ShardedEmbeddingBagCollection(pooled, plan, pg), pooled))
+    if sequence:
+        collections.append((ShardedEmbeddingCollection(sequence, plan, pg), sequence))
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    batches = [[synthetic_batch(specs, B, gen) for _, specs in collections] for _ in range(num_batches)]
+    clock = PhaseClock()
+    for module, _ in collections:
+        module.timer = clock
+    per_step: list[dict[str, tuple[float, float]]] = []
+
+    def one_step(inputs) -> None:
+        roots = []
+        for (module, _), kjt in zip(collections, inputs):
+            with clock.phase("forward"):
+                out = module(kjt)
+            roots.extend([out.values()] if hasattr(out, "length_per_key") else [jt.values() for jt in out.values()])
+        instrument_backward(roots, clock)
+        grads = [torch.ones_like(r) for r in roots]
+        c0, w0 = time.process_time(), time.perf_counter()
+        torch.autograd.backward(roots, grads)
+        clock.add("backward", time.process_time() - c0, time.perf_counter() - w0)
+
+    with timed_replica_sync(clock):
+        for i in range(warmup):
+            one_step(batches[i % num_batches])
+        dist.barrier(group=pg)
+        w_start = time.perf_counter()
+        for i in range(steps):
+            clock.reset()
+            one_step(batches[i % num_batches])
+            per_step.append({k: (clock.cpu[k], clock.wall[k]) for k in clock.cpu})
+        dist.barrier(group=pg)
+        step_wall_s = (time.perf_counter() - w_start) / max(steps, 1)
+    for module, _ in collections:
+        module.timer = None
+    return {"rank": rank, "per_step": per_step, "step_wall_s": step_wall_s}
+
+
+def summarize_rank(raw: dict[str, Any]) -> RankMeasurement:
+    """Per-step seconds -> median ms per phase. The step is the collections' forward calls and
+    the backward pass (not the harness's own work: batches, gradient seeds, hooks). Forward
+    work outside the collections' timed phases (packaging outputs) and backward work outside
+    the timed nodes (assembly gradients) count as output dist; collectives inside data-parallel
+    lookup nodes count as dp_allreduce and are taken out of lookup_bwd."""
+    cpu_rows, wall_rows = [], []
+    for step in raw["per_step"]:
+        for which, rows in ((0, cpu_rows), (1, wall_rows)):
+            get = lambda k: step.get(k, (0.0, 0.0))[which] * 1e3  # noqa: E731
+            row = {FORWARD_PHASES[k]: get(k) for k in FORWARD_PHASES}
+            row["output_dist_fwd_ms"] += max(get("forward") - sum(get(k) for k in FORWARD_PHASES), 0.0)
+            allreduce = get("dp_allreduce_ms")
+            lookup_bwd = max(get("lookup_bwd_ms") - allreduce, 0.0)
+            row["lookup_bwd_ms"] = lookup_bwd
+            row["dp_allreduce_ms"] = allreduce
+            row["output_dist_bwd_ms"] = max(get("backward") - lookup_bwd - allreduce, 0.0)
+            row["total_ms"] = get("forward") + get("backward")
+            rows.append(row)
+    med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
+    keys = (*PHASES, "total_ms")
+    return RankMeasurement(raw["rank"], {k: med(cpu_rows, k) for k in keys}, {k: med(wall_rows, k) for k in keys})
+
+
+# ---- spawning ranks -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world_size: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``job`` (see embshard.calibrate.worker) on world_size local gloo ranks; each rank's JSON result.
+
+    Ranks are separate processes with one torch thread each; they are killed at the timeout.
+    Raises RuntimeError with the failing rank's last output lines.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"embshard-measure-w{world_size}-") as tmp:
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(json.dumps(job))
+        port = free_port()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-m", "embshard.calibrate.worker", str(job_path), str(r), str(world_size),
+                                   str(port), str(Path(tmp) / f"rank{r}.json")],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(world_size)]
+        deadline = time.monotonic() + timeout_s
+        logs, timed_out = [], False
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                for q in procs:
+                    q.kill()
+                logs.append(p.communicate()[0])
+        for r, p in enumerate(procs):
+            if p.returncode != 0:
+                tail = " | ".join(line for line in logs[r].strip().splitlines()[-6:])
+                why = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited with {p.returncode}"
+                raise RuntimeError(f"rank {r} of {world_size} {why}: {tail}")
+        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def measure_plans(plans: Sequence[ShardingPlan], *, steps: int = 10, warmup: int = 3, seed: int = 0,
+                  timeout_s: float = 900.0) -> list[PlanMeasurement]:
+    """Measure plans of one world size on local ranks (one process group for all of them)."""
+    if not plans:
+        return []
+    sizes = {p.topology.world_size for p in plans}
+    if len(sizes) != 1:
+        raise ValueError(f"measure_plans: plans for different world sizes {sorted(sizes)}; measure each size separately")
+    world_size = sizes.pop()
+    job = {"kind": "plans", "plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup, "seed": seed}
+    per_rank = run_ranks(world_size, job, timeout_s)
+    out = []
+    for i in range(len(plans)):
+        raws = [r["plans"][i] for r in per_rank]
+        out.append(PlanMeasurement(tuple(summarize_rank(raw) for raw in raws), raws[0]["step_wall_s"] * 1e3, steps))
+    return out

@@ -1,0 +1,101 @@
+"""Measured next to predicted: per-rank time by phase of a plan run on local ranks.
+
+`embshard-plan ... measure=true` calls `measure_report` after planning: the plan runs on
+topology.world_size local gloo ranks (synthetic batches drawn from the table specs, batch
+topology.batch_size_per_rank per rank) and a table shows, per rank and phase, the
+predicted time and the measured CPU time of the rank (see embshard.calibrate.measure for why
+CPU time), then the totals, the wall-clock step time and how well the ranks' order matches.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from embshard.calibrate.measure import PHASES, PlanMeasurement, measure_plans
+from embshard.calibrate.predict import predict_ranks
+from embshard.planner.plan import ShardingPlan
+from embshard.planner.types import Perf
+
+SHORT = {"input_dist_ms": "input", "lookup_fwd_ms": "lookup fwd", "output_dist_fwd_ms": "out fwd",
+         "output_dist_bwd_ms": "out bwd", "lookup_bwd_ms": "lookup bwd", "dp_allreduce_ms": "dp sync"}
+MAX_LOCAL_RANKS = 16
+
+
+def check_runnable(plan: ShardingPlan) -> None:
+    """ValueError unless the plan can run on this machine's local ranks."""
+    W = plan.topology.world_size
+    if W > MAX_LOCAL_RANKS:
+        raise ValueError(f"measure: the plan has {W} ranks; measuring runs every rank as a local process "
+                         f"(at most {MAX_LOCAL_RANKS}); plan for fewer ranks, e.g. topology.world_size=4")
+    need = sum(r.storage.total_bytes for r in plan.ranks)
+    avail = _available_bytes()
+    if avail is not None and need > 0.7 * avail:
+        raise ValueError(f"measure: the plan's ranks need {need / 2**30:.1f} GiB together but this machine has "
+                         f"{avail / 2**30:.1f} GiB available; use smaller tables or fewer ranks")
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    from scipy.stats import spearmanr
+
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return float(spearmanr(x, y)[0])
+
+
+def comparison_table(plan: ShardingPlan, measured: PlanMeasurement, predicted: Sequence[Perf]) -> Table:
+    table = Table(title=f"predicted / measured ms per rank and phase (measured: CPU time of the rank, median of {measured.steps} steps)")
+    table.add_column("rank", justify="right")
+    for p in PHASES:
+        table.add_column(SHORT[p], justify="right")
+    for title in ("total pred", "total meas", "error", "wall"):
+        table.add_column(title, justify="right")
+    for r, (pred, meas) in enumerate(zip(predicted, measured.ranks)):
+        total = meas.cpu_ms["total_ms"]
+        table.add_row(str(r), *(f"{getattr(pred, p):.2f} / {meas.cpu_ms[p]:.2f}" for p in PHASES),
+                      f"{pred.total_ms:.2f}", f"{total:.2f}", f"{(pred.total_ms - total) / total:+.0%}", f"{meas.wall_ms['total_ms']:.1f}")
+    return table
+
+
+def summary_lines(plan: ShardingPlan, measured: PlanMeasurement, predicted: Sequence[Perf]) -> list[str]:
+    pred = [p.total_ms for p in predicted]
+    meas = [r.cpu_ms["total_ms"] for r in measured.ranks]
+    worst_p, worst_m = max(range(len(pred)), key=pred.__getitem__), max(range(len(meas)), key=meas.__getitem__)
+    errors = sorted(abs(p - m) / m for p, m in zip(pred, meas))
+    lines = [
+        f"slowest rank: predicted {max(pred):.2f} ms (rank {worst_p}), measured {max(meas):.2f} ms CPU (rank {worst_m}); "
+        f"median |error| over ranks {errors[len(errors) // 2]:.1%}; rank-order Spearman {spearman(pred, meas):.2f}",
+        f"wall clock: {measured.step_wall_ms:.1f} ms per step with all {len(meas)} ranks on {os.cpu_count()} cores "
+        f"(load average {os.getloadavg()[0]:.1f}); wall time also counts waiting for peers and sharing cores",
+    ]
+    if plan.topology.full_duplex is False:
+        lines.append("predicted with half-duplex all-to-alls and fixed per-step costs (embshard.calibrate.predict); "
+                     "the per-rank table above the summary uses the planner's evaluate()")
+    return lines
+
+
+def measure_report(plan: ShardingPlan, steps: int, console: Console, warmup: int = 3, timeout_s: float = 1800) -> PlanMeasurement:
+    """Run the plan on local ranks and print predicted vs measured per rank and phase."""
+    check_runnable(plan)
+    console.print(f"measuring: {plan.topology.world_size} local gloo ranks, {warmup} warm-up + {steps} steps, "
+                  f"batch {plan.topology.batch_size_per_rank} per rank", markup=False, highlight=False)
+    measured = measure_plans([plan], steps=steps, warmup=warmup, timeout_s=timeout_s)[0]
+    predicted = predict_ranks(plan.specs, plan.topology, plan.tables)
+    console.print(comparison_table(plan, measured, predicted))
+    for line in summary_lines(plan, measured, predicted):
+        console.print(line, markup=False, highlight=False)
+    return measured

@@ -1,0 +1,54 @@
+"""One local gloo rank of a measurement job (spawned by embshard.calibrate.measure.run_ranks).
+
+    python -m embshard.calibrate.worker JOB.json RANK WORLD_SIZE PORT OUT.json
+
+Job kinds: "plans" (run_plan_in_rank for each plan) and "collectives" (collectives.bench_in_rank).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+COLLECTIVE_TIMEOUT_S = 300
+
+
+def main(argv: list[str]) -> None:
+    job_path, rank, world_size, port, out = argv[0], int(argv[1]), int(argv[2]), int(argv[3]), argv[4]
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    pg = dist.group.WORLD
+    job = json.loads(Path(job_path).read_text())
+    if job["kind"] == "plans":
+        from embshard.calibrate.measure import run_plan_in_rank
+        from embshard.planner.plan import ShardingPlan
+
+        results = []
+        for raw in job["plans"]:
+            plan = ShardingPlan.from_dict(raw)
+            results.append(run_plan_in_rank(plan, pg, job["steps"], job["warmup"], job.get("seed", 0)))
+            gc.collect()
+        result = {"plans": results}
+    elif job["kind"] == "collectives":
+        from embshard.calibrate.collectives import bench_in_rank
+
+        result = bench_in_rank(pg, job)
+    else:
+        raise ValueError(f"unknown job kind {job['kind']!r}")
+    tmp = out + ".tmp"
+    Path(tmp).write_text(json.dumps(result))
+    os.replace(tmp, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
