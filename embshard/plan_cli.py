@@ -32,7 +32,7 @@ from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
 from embshard.topology import Topology
 
-CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks")
+CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
 PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
 EXIT_BAD_INPUT = 2
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
@@ -57,6 +57,11 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
     max_ranks = cfg["max_report_ranks"]
     if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 2:
         raise ValueError(f"max_report_ranks: must be an integer >= 2 (the slowest and the fastest rank), got {max_ranks!r}")
+    if not isinstance(cfg["measure"], bool):
+        raise ValueError(f"measure: must be true or false, got {cfg['measure']!r}")
+    steps = cfg["measure_steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"measure_steps: must be a positive integer, got {steps!r}")
     out = Path(cfg["out"])
     if out.suffix != ".json":
         raise ValueError(f"out: must be a path ending in .json (the chart goes beside it as .png), got {str(out)!r}")
@@ -76,6 +81,12 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
     console.print(rank_table(result, max_ranks))
     console.print(summary(result, planning_s), markup=False, highlight=False)
     console.print(f"wrote {out} and {chart}", markup=False, highlight=False)
+    if cfg["measure"]:  # run the plan on local ranks: measured time by phase next to the prediction
+        from embshard.calibrate.report import measure_report
+        try:
+            measure_report(result, steps, console)
+        except RuntimeError as e:
+            raise ValueError(f"measure: {e}") from None
 
 
 def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
