@@ -68,8 +68,8 @@ class _ShardedCollection(nn.Module):
                              "load the same plan file on every rank")
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device))
-        self.kernels = [self._kernel(k, self.world_size if not pooled else 1) for k in self.routing.kernels]
-        self.dp_kernels = [self._kernel(k, 1, reduce_pg=pg) for k in self.routing.dp_kernels]
+        self.kernels = [self._kernel(k) for k in self.routing.kernels]
+        self.dp_kernels = [self._kernel(k, reduce_pg=pg) for k in self.routing.dp_kernels]
         self.dp_permutes = [torch.tensor([s.feature for s in k.slots], dtype=torch.int32, device=self.device)
                             for k in self.routing.dp_kernels]
         self.input_dist = InputDist(self.routing, pg, self.device)
@@ -80,11 +80,11 @@ class _ShardedCollection(nn.Module):
             kernel.block_weights()[i].copy_(init_block(table, spec.num_embeddings, slot.num_rows, slot.num_cols,
                                                        slot.row_offset, slot.col_offset, seed))
 
-    def _kernel(self, spec: KernelSpec, feature_copies: int, reduce_pg: dist.ProcessGroup | None = None) -> nn.Module:
+    def _kernel(self, spec: KernelSpec, reduce_pg: dist.ProcessGroup | None = None) -> nn.Module:
         dtypes = [self._spec(b.table).dtype for b in spec.blocks]
         if spec.impl == "fbgemm":
-            return FbgemmKernel(spec, self.pooled, feature_copies, dtypes, self.optimizer_config, self.device)
-        return TorchKernel(spec, self.pooled, feature_copies, dtypes, self.optimizer_config, self.device, reduce_pg)
+            return FbgemmKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
+        return TorchKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device, reduce_pg)
 
     def _spec(self, table: str) -> TableSpec:
         return next(s for s in self.specs if s.name == table)
@@ -109,11 +109,15 @@ class _ShardedCollection(nn.Module):
         return batch, tuple(header[:, 0].tolist())
 
     def _dp_lookups(self, batch: Batch) -> list[Tensor]:
+        """Local lookups of the data-parallel replicas (sequence: rows of each feature in batch order)."""
         outs = []
         for kernel, permute in zip(self.dp_kernels, self.dp_permutes):
             lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
                 permute, batch.lengths_FB.view(len(self.routing.features), -1), batch.values_N, batch.weights_N)
-            outs.append(kernel(values, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)), weights))
+            if self.pooled:
+                outs.append(kernel(values, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)), weights))
+            else:
+                outs.append(kernel(values, None, None, [[n] for n in lengths.sum(1).tolist()]))
         return outs
 
     # ---- optimizer and state ------------------------------------------------------------
@@ -181,8 +185,8 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         self._dims = [f.dim for f in self.routing.features]
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        batch, batch_sizes = self._prepare(features)
         with self._phase("input_dist"):
+            batch, batch_sizes = self._prepare(features)
             received = self.input_dist(batch, batch_sizes) if self.sharded else None
         with self._phase("lookup"):
             outs = [k(x.indices, x.offsets, x.per_sample_weights) for k, x in zip(self.kernels, received.inputs)] if received else []
@@ -202,11 +206,12 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         self.output_dist = SequenceOutputDist(self.routing, pg, self.device)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        batch, batch_sizes = self._prepare(features)
         with self._phase("input_dist"):
+            batch, batch_sizes = self._prepare(features)
             received = self.input_dist(batch, batch_sizes) if self.sharded else None
         with self._phase("lookup"):
-            outs = [k(x.indices, x.offsets) for k, x in zip(self.kernels, received.inputs)] if received else []
+            outs = [k(x.indices, None, None, x.ids_per_feature_rank) for k, x in zip(self.kernels, received.inputs)] \
+                if received else []
             dp_outs = self._dp_lookups(batch)
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
@@ -217,7 +222,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         counts = batch.lengths_FB.view(len(r.features), -1).sum(1).tolist()
         dp_rows: dict[int, Tensor] = {}
         for kernel, out in zip(r.dp_kernels, dp_outs):
-            for slot, rows in zip(kernel.slots, out.split([counts[s.feature] for s in kernel.slots])):
+            for slot, rows in zip(kernel.slots, out.view(-1, kernel.dim).split([counts[s.feature] for s in kernel.slots])):
                 dp_rows[slot.feature] = rows
         result, start = {}, 0
         for i, f in enumerate(r.features):

@@ -4,8 +4,8 @@ kernel its ids in FBGEMM's layout.
 Two all-to-alls per step and collection: lengths of every slot, then ids (per-id weights
 travel in the same message, bit-packed next to the ids). Pooled kernels see their slots
 feature-major, each with the bags of all ranks in rank order (B_global = sum of batch
-sizes). Sequence kernels need no bag order: they see one "feature" per (source rank,
-slot), one bag each, so their output rows come out in exactly the order they go back.
+sizes). Sequence kernels see each slot's ids (one per bag) grouped by source rank, and
+give their rows back grouped by source rank (see lookup.py), ready for the way back.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from embshard.runtime.routing import Routing
 @dataclass(frozen=True)
 class KernelInput:
     indices: Tensor
-    offsets: Tensor
-    per_sample_weights: Tensor | None
+    offsets: Tensor | None = None  # pooled: bag offsets
+    per_sample_weights: Tensor | None = None
+    ids_per_feature_rank: list[list[int]] | None = None  # sequence: ids per (slot, source rank)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Received:
     inputs: tuple[KernelInput, ...]  # one per local sharded kernel
     send: SendBuffers
     sent_ids_per_slot: Tensor  # [Q] ids this rank sent in each slot
-    ids_per_source_kernel: tuple[tuple[int, ...], ...]  # sequence: [source rank][kernel] ids received
+    floats_per_source_kernel: tuple[tuple[int, ...], ...]  # sequence: [source rank][kernel] output floats
 
 
 def _cumsum0(x: Tensor) -> Tensor:
@@ -93,24 +94,26 @@ class InputDist:
         )
 
     def _sequence_inputs(self, lengths: Tensor, values: Tensor, batch_sizes: tuple[int, ...]):
-        kernels, S = self.routing.kernels, self.num_local_slots
+        """Kernel inputs slot-major, one id per bag, with the ids of every (slot, source rank)."""
+        kernels, S, W = self.routing.kernels, self.num_local_slots, len(batch_sizes)
         if not kernels:
             return (), tuple(() for _ in batch_sizes)
-        # Bag index where each (source rank, slot) segment starts: source r's block holds S x B_r bags.
-        starts = [sum(S * b for b in batch_sizes[:r]) + s * batch_sizes[r] for r in range(len(batch_sizes)) for s in range(S)]
-        seg_offsets = _cumsum0(lengths)[torch.tensor(starts + [S * sum(batch_sizes)], device=self.device)]
-        if len(kernels) == 1:
-            per_source = seg_offsets[torch.arange(0, len(starts) + 1, S, device=self.device)].diff().tolist()
-            return (KernelInput(values, seg_offsets, None),), tuple((n,) for n in per_source)
-        cuts = seg_offsets.tolist()
-        inputs, per_source_kernel = [], [[0] * len(kernels) for _ in batch_sizes]
+        # Ids per (source rank, slot) segment: source r's block holds S x B_r bags.
+        starts = [sum(S * b for b in batch_sizes[:r]) + s * batch_sizes[r] for r in range(W) for s in range(S)]
+        counts_RS = _cumsum0(lengths)[torch.tensor(starts + [S * sum(batch_sizes)], device=self.device)].diff()
+        counts_SR, values_SR, _ = torch.ops.fbgemm.permute_1D_sparse_data(self._slot_major(W), counts_RS, values, None)
+        counts = counts_SR.view(S, W).tolist()
+        inputs, floats_RK, start = [], [[0] * len(kernels) for _ in range(W)], 0
         for j, k in enumerate(kernels):
-            pieces, counts = [], []
-            for src in range(len(batch_sizes)):
-                lo, hi = cuts[src * S + k.slot_start], cuts[src * S + k.slot_end]
-                pieces.append(values[lo:hi])
-                counts.extend(b - a for a, b in zip(cuts[src * S + k.slot_start: src * S + k.slot_end],
-                                                     cuts[src * S + k.slot_start + 1: src * S + k.slot_end + 1]))
-                per_source_kernel[src][j] = hi - lo
-            inputs.append(KernelInput(torch.cat(pieces), _cumsum0(torch.tensor(counts, dtype=torch.int64, device=self.device)), None))
-        return tuple(inputs), tuple(tuple(p) for p in per_source_kernel)
+            per_slot = counts[k.slot_start:k.slot_end]
+            n = sum(map(sum, per_slot))
+            inputs.append(KernelInput(values_SR[start:start + n], ids_per_feature_rank=per_slot))
+            start += n
+            for r in range(W):
+                floats_RK[r][j] = sum(c[r] * slot.num_cols for c, slot in zip(per_slot, k.slots))
+        return tuple(inputs), tuple(tuple(f) for f in floats_RK)
+
+    def _slot_major(self, world_size: int) -> Tensor:
+        """Permutation of (source rank, slot) segments into (slot, source rank) order."""
+        S = self.num_local_slots
+        return torch.tensor([r * S + s for s in range(S) for r in range(world_size)], dtype=torch.int32, device=self.device)

@@ -3,10 +3,16 @@
 `FbgemmKernel` wraps FBGEMM's table-batched kernel (one call looks up every block it
 holds). `TorchKernel` does the same in torch ops for what FBGEMM cannot run on this
 device (adam on CPU) and for data-parallel replicas, whose gradients are summed over
-ranks with one all-reduce and divided by the world size before the update.
+ranks (exchanging hit rows, or one dense all-reduce) and divided by the world size before
+the update.
 
-Both take FBGEMM's input layout: ``indices`` of T features x B bags, ``offsets`` [T*B+1];
-pooled kernels return [B, sum of widths], sequence kernels [num ids, width].
+Pooled kernels take FBGEMM's input layout, ``indices`` of T features x B bags and
+``offsets`` [T*B+1], and return [B, sum of widths]. Sequence kernels (one width each) take
+the ids of each feature grouped by source rank, with ``ids_per_feature_rank[f][r]``, and
+return the rows flat, ordered [rank][feature][id] x width: the order they travel back in.
+FBGEMM runs them with its summing kernel over one-id bags (each feature padded with empty
+bags to the largest feature's id count): on CPU its unpooled PoolingMode.NONE kernel is
+~10x slower in backward, and its variable-batch (VBE) forward grows quadratically.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
     BoundsCheckMode,
@@ -26,6 +33,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor, nn
 
+from embshard.runtime.comm import all_to_all
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state, state_shapes
 from embshard.runtime.routing import KernelSpec
 
@@ -56,17 +64,19 @@ def init_block(table: str, num_embeddings: int, num_rows: int, num_cols: int, ro
 class FbgemmKernel(nn.Module):
     """FBGEMM `SplitTableBatchedEmbeddingBagsCodegen` over a rank's blocks of one kind."""
 
-    def __init__(self, spec: KernelSpec, pooled: bool, feature_copies: int, dtypes: Sequence[str],
-                 config: OptimizerConfig, device: torch.device) -> None:
+    def __init__(self, spec: KernelSpec, pooled: bool, dtypes: Sequence[str], config: OptimizerConfig,
+                 device: torch.device) -> None:
         super().__init__()
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
         location, compute = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if device.type == "cuda" else (EmbeddingLocation.HOST, ComputeDevice.CPU)
-        self.optimizer = spec.optimizer
+        self.optimizer, self.pooled = spec.optimizer, pooled
+        assert pooled or len({b.num_cols for b in spec.blocks}) == 1, "a sequence kernel holds blocks of one width"
+        self.dim = spec.blocks[0].num_cols
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
             embedding_specs=[(b.num_rows, b.num_cols, location, compute) for b in spec.blocks],
-            feature_table_map=list(spec.slot_block) * feature_copies,
+            feature_table_map=list(spec.slot_block),
             optimizer=FBGEMM_OPTIM[spec.optimizer],
-            pooling_mode=PoolingMode.SUM if pooled else PoolingMode.NONE,
+            pooling_mode=PoolingMode.SUM,
             weights_precision=SparseType.FP16 if dtypes[0] == "fp16" else SparseType.FP32,
             output_dtype=SparseType.FP32,
             learning_rate=config.learning_rate,
@@ -77,8 +87,23 @@ class FbgemmKernel(nn.Module):
             device=device,
         )
 
-    def forward(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
-        return self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
+    def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None,
+                ids_per_feature_rank: list[list[int]] | None = None) -> Tensor:
+        if self.pooled:
+            return self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
+        counts_FR = torch.tensor(ids_per_feature_rank, dtype=torch.int64, device=indices.device)
+        ids_F = counts_FR.sum(1)
+        F = ids_F.numel()
+        bags = max(1, int(ids_F.max()))  # every feature gets this many bags: one id each, then empty ones
+        lengths = (torch.arange(bags, device=indices.device).unsqueeze(0) < ids_F.unsqueeze(1)).to(torch.int64)
+        pooled = self.tbe(indices, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)))  # [bags, F * dim]
+        # Input position p (features one after another) -> output row: bag (p - first id of its feature) of its feature.
+        order = source_major_rows(counts_FR)
+        feature_P = torch.repeat_interleave(torch.arange(F, device=indices.device), ids_F, output_size=indices.numel())
+        first_F = torch.cumsum(ids_F, 0) - ids_F
+        feature_O = feature_P.index_select(0, order)
+        rows = (order - first_F.index_select(0, feature_O)) * F + feature_O
+        return pooled.view(-1, self.dim).index_select(0, rows).reshape(-1)
 
     def block_weights(self) -> list[Tensor]:
         return list(self.tbe.split_embedding_weights())
@@ -102,8 +127,8 @@ class TorchKernel(nn.Module):
     gradients are summed over it and divided by its size before the update.
     """
 
-    def __init__(self, spec: KernelSpec, pooled: bool, feature_copies: int, dtypes: Sequence[str],
-                 config: OptimizerConfig, device: torch.device, reduce_pg: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, spec: KernelSpec, pooled: bool, dtypes: Sequence[str], config: OptimizerConfig,
+                 device: torch.device, reduce_pg: dist.ProcessGroup | None = None) -> None:
         super().__init__()
         assert len({b.num_cols for b in spec.blocks}) == 1, "the torch kernel holds blocks of one width"
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
@@ -114,7 +139,7 @@ class TorchKernel(nn.Module):
         row_base = torch.tensor([0, *self.num_rows], dtype=torch.int64).cumsum(0)
         total_rows = int(row_base[-1])
         self.register_buffer("weight", torch.zeros(total_rows, self.dim, dtype=TORCH_DTYPE[dtypes[0]], device=device))
-        self.register_buffer("feature_row_base", row_base[torch.tensor(list(spec.slot_block) * feature_copies, dtype=torch.int64)].to(device))
+        self.register_buffer("feature_row_base", row_base[torch.tensor(spec.slot_block, dtype=torch.int64)].to(device))
         self.state = new_state(self.optimizer, total_rows, self.dim, device)
         for name, tensor in self.state.items():
             self.register_buffer(f"state_{name}", tensor)
@@ -122,8 +147,13 @@ class TorchKernel(nn.Module):
         # Backward runs only for inputs that need a gradient; this one always does.
         self.placeholder = nn.Parameter(torch.zeros(0, device=device))
 
-    def forward(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
-        return _TorchLookup.apply(self.placeholder, self, indices, offsets, per_sample_weights)
+    def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None,
+                ids_per_feature_rank: list[list[int]] | None = None) -> Tensor:
+        if self.pooled:
+            return _TorchLookup.apply(self.placeholder, self, indices, offsets, per_sample_weights, None)
+        counts_FR = torch.tensor(ids_per_feature_rank, dtype=torch.int64, device=indices.device)
+        rows = _TorchLookup.apply(self.placeholder, self, indices, offsets, None, counts_FR.sum(1))
+        return rows.index_select(0, source_major_rows(counts_FR)).reshape(-1)
 
     def block_weights(self) -> list[Tensor]:
         return list(self.weight.split(self.num_rows))
@@ -138,38 +168,70 @@ class TorchKernel(nn.Module):
 
     def update(self, rows_N: Tensor, grad_ND: Tensor) -> None:
         """Sum the per-id gradients by row (over ranks for replicas) and apply the optimizer."""
+        rows, grad = _sum_by_row(rows_N, grad_ND)
         if self.reduce_pg is not None:
-            total_rows = self.weight.shape[0]
-            dense = grad_ND.new_zeros(total_rows, self.dim + 1)
-            dense.index_add_(0, rows_N, torch.cat([grad_ND, grad_ND.new_ones(grad_ND.shape[0], 1)], dim=1))
-            dist.all_reduce(dense, group=self.reduce_pg)
-            rows = dense[:, self.dim].nonzero().squeeze(1)
-            grad = dense[rows, : self.dim] / dist.get_world_size(self.reduce_pg)
-        else:
-            rows, inverse = torch.unique(rows_N, return_inverse=True)
-            grad = grad_ND.new_zeros(rows.numel(), self.dim).index_add_(0, inverse, grad_ND)
+            rows, grad = self._reduce_replicas(rows, grad)
         self.step += 1
         with torch.no_grad():
             apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, int(self.step))
 
+    def _reduce_replicas(self, rows: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows any rank hit, with the sum of every rank's gradient divided by the world size.
+
+        Every rank gets the same inputs in the same order, so replicas stay identical. On CPU,
+        when the hit rows of all ranks are fewer than the table's rows, ranks swap their
+        (row, gradient) lists; otherwise one dense all-reduce (deterministic, as GPUs need).
+        """
+        pg, world = self.reduce_pg, dist.get_world_size(self.reduce_pg)
+        sizes = rows.new_empty(world)
+        dist.all_gather_into_tensor(sizes, rows.new_tensor([rows.numel()]), group=pg)
+        sizes = sizes.tolist()
+        total_rows = self.weight.shape[0]
+        if self.weight.device.type == "cpu" and sum(sizes) < total_rows:
+            # Row ids ride along as raw bits in two float32 columns: one all-to-all, any row count.
+            packed = torch.cat([grad, rows.view(torch.float32).view(-1, 2)], dim=1)
+            received = all_to_all(packed.repeat(world, 1), sizes, [rows.numel()] * world, pg)
+            all_rows = received[:, self.dim:].contiguous().view(torch.int64).view(-1)
+            rows, grad = _sum_by_row(all_rows, received[:, : self.dim])
+        else:
+            flat = grad.new_zeros(total_rows * (self.dim + 1))
+            dense = flat[: total_rows * self.dim].view(total_rows, self.dim).index_copy_(0, rows, grad)
+            hit = flat[total_rows * self.dim:].index_fill_(0, rows, 1.0)
+            dist.all_reduce(flat, group=pg)
+            rows = hit.nonzero().squeeze(1)
+            grad = dense.index_select(0, rows)
+        return rows, grad.div_(world)
+
+
+def _sum_by_row(rows_N: Tensor, grad_ND: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted unique rows [U] and their summed gradients [U, D]."""
+    rows, inverse = torch.unique(rows_N, return_inverse=True)
+    return rows, grad_ND.new_zeros(rows.numel(), grad_ND.shape[1]).index_add_(0, inverse, grad_ND)
+
 
 class _TorchLookup(torch.autograd.Function):
+    """Pooled: [B, T*dim] sums of bags. Sequence (one id per bag): [num ids, dim] rows in input order."""
+
     @staticmethod
-    def forward(ctx, placeholder: Tensor, kernel: TorchKernel, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> Tensor:
+    def forward(ctx, placeholder: Tensor, kernel: TorchKernel, indices: Tensor, offsets: Tensor | None,
+                per_sample_weights: Tensor | None, ids_per_feature: Tensor | None) -> Tensor:
         num_features = kernel.feature_row_base.numel()
+        ctx.kernel = kernel
+        if not kernel.pooled:
+            features = torch.arange(num_features, device=indices.device)
+            feature_N = torch.repeat_interleave(features, ids_per_feature, output_size=indices.numel())
+            rows_N = indices + kernel.feature_row_base.index_select(0, feature_N)
+            ctx.save_for_backward(rows_N, None, None)
+            return kernel.weight.index_select(0, rows_N).float()
         lengths = offsets[1:] - offsets[:-1]
         batch_size = lengths.numel() // num_features
         num_bags = num_features * batch_size
         bag_N = torch.repeat_interleave(torch.arange(num_bags, device=indices.device), lengths, output_size=indices.numel())
-        rows_N = indices + kernel.feature_row_base.repeat_interleave(batch_size)[bag_N]
-        emb_ND = kernel.weight[rows_N].float()
-        ctx.kernel, ctx.batch_size = kernel, batch_size
+        rows_N = indices + kernel.feature_row_base.repeat_interleave(batch_size).index_select(0, bag_N)
+        ctx.batch_size = batch_size
         ctx.save_for_backward(rows_N, bag_N, per_sample_weights)
-        if not kernel.pooled:
-            return emb_ND
-        if per_sample_weights is not None:
-            emb_ND = emb_ND * per_sample_weights.unsqueeze(1)
-        pooled = emb_ND.new_zeros(num_bags, kernel.dim).index_add_(0, bag_N, emb_ND)
+        pooled = F.embedding_bag(rows_N, kernel.weight, offsets, mode="sum", per_sample_weights=per_sample_weights,
+                                 include_last_offset=True).float()
         return pooled.view(num_features, batch_size, kernel.dim).transpose(0, 1).reshape(batch_size, num_features * kernel.dim)
 
     @staticmethod
@@ -178,10 +240,21 @@ class _TorchLookup(torch.autograd.Function):
         rows_N, bag_N, per_sample_weights = ctx.saved_tensors
         if kernel.pooled:
             grad_bags = grad.reshape(ctx.batch_size, -1, kernel.dim).transpose(0, 1).reshape(-1, kernel.dim)
-            grad_ND = grad_bags[bag_N]
+            grad_ND = grad_bags.index_select(0, bag_N)
             if per_sample_weights is not None:
-                grad_ND = grad_ND * per_sample_weights.unsqueeze(1)
+                grad_ND.mul_(per_sample_weights.unsqueeze(1))
         else:
             grad_ND = grad
         kernel.update(rows_N, grad_ND.float())
-        return None, None, None, None, None
+        return None, None, None, None, None, None
+
+
+def source_major_rows(counts_FR: Tensor) -> Tensor:
+    """Row permutation from [feature][rank] order to [rank][feature] order (segment sizes ``counts_FR``)."""
+    flat = counts_FR.reshape(-1)
+    src_start = (torch.cumsum(flat, 0) - flat).view_as(counts_FR)
+    counts_RF, src_start_RF = counts_FR.t().reshape(-1), src_start.t().reshape(-1)
+    dst_start_RF = torch.cumsum(counts_RF, 0) - counts_RF
+    total = int(flat.sum())
+    return torch.repeat_interleave(src_start_RF - dst_start_RF, counts_RF, output_size=total) + \
+        torch.arange(total, device=counts_FR.device)

@@ -61,28 +61,28 @@ def apply_update(
 
     rows: unique row indices [U]; grad: [U, dim] fp32, duplicates already summed.
     """
-    w = weight[rows].float()
+    w = weight.index_select(0, rows).float()
     if optimizer == "sgd":
         w -= learning_rate * grad
     elif optimizer == "adagrad":
-        m = state["momentum1"][rows] + grad * grad
-        state["momentum1"][rows] = m
+        m = state["momentum1"].index_select(0, rows) + grad * grad
+        state["momentum1"].index_copy_(0, rows, m)
         w -= learning_rate * grad / (m.sqrt() + config.eps)
     elif optimizer == "rowwise_adagrad":
-        m = state["momentum1"][rows] + (grad * grad).mean(dim=1)
-        state["momentum1"][rows] = m
+        m = state["momentum1"].index_select(0, rows) + (grad * grad).mean(dim=1)
+        state["momentum1"].index_copy_(0, rows, m)
         w -= (learning_rate / (m.sqrt() + config.eps)).unsqueeze(1) * grad
     elif optimizer == "adam":
-        m1 = state["momentum1"][rows] * config.beta1 + (1.0 - config.beta1) * grad
-        m2 = state["momentum2"][rows] * config.beta2 + (1.0 - config.beta2) * grad * grad
-        state["momentum1"][rows] = m1
-        state["momentum2"][rows] = m2
+        m1 = state["momentum1"].index_select(0, rows) * config.beta1 + (1.0 - config.beta1) * grad
+        m2 = state["momentum2"].index_select(0, rows) * config.beta2 + (1.0 - config.beta2) * grad * grad
+        state["momentum1"].index_copy_(0, rows, m1)
+        state["momentum2"].index_copy_(0, rows, m2)
         m1_hat = m1 / (1.0 - config.beta1**step)
         m2_hat = m2 / (1.0 - config.beta2**step)
         w -= learning_rate * m1_hat / (m2_hat.sqrt() + config.eps)
     else:
         raise AssertionError(f"unknown optimizer {optimizer!r}")
-    weight[rows] = w.to(weight.dtype)
+    weight.index_copy_(0, rows, w.to(weight.dtype))
 
 
 def new_state(optimizer: str, num_rows: int, dim: int, device: torch.device) -> dict[str, Tensor]:

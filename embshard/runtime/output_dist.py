@@ -81,23 +81,22 @@ class SequenceOutputDist:
         self.dest_of_slot = torch.tensor([s.rank for s in send], dtype=torch.int64, device=device)
         self.uniform_width_q = len({s.num_cols for s in send}) == 1
         self.feature_dim_q = torch.tensor([0 if f.data_parallel else f.dim // QUAD for f in feats], dtype=torch.int64, device=device)
-        self.kernel_widths = [k.dim for k in routing.kernels]
 
     def __call__(self, kernel_outputs: list[Tensor], received: Received, batch: Batch) -> Tensor:
         """Returns the sharded features' embeddings, flat: feature f's rows [N_f, dim_f] one after another."""
         r, W = self.routing, self.routing.world_size
-        per_source = received.ids_per_source_kernel
+        per_source = received.floats_per_source_kernel
         if len(kernel_outputs) == 1:
-            local = kernel_outputs[0].reshape(-1)
-        elif kernel_outputs:
+            local = kernel_outputs[0]
+        elif kernel_outputs:  # each kernel's output is [source][slot]: interleave the kernels by source
             starts = [[0] * len(kernel_outputs)]
             for counts in per_source:
                 starts.append([a + c for a, c in zip(starts[-1], counts)])
-            local = torch.cat([kernel_outputs[k][starts[src][k]:starts[src + 1][k]].reshape(-1)
+            local = torch.cat([kernel_outputs[k][starts[src][k]:starts[src + 1][k]]
                                for src in range(W) for k in range(len(kernel_outputs))])
         else:  # no shards here; still join the backward all-to-all
             local = torch.zeros(0, device=self.device, requires_grad=True)
-        in_splits = [sum(n * w for n, w in zip(counts, self.kernel_widths)) for counts in per_source] if kernel_outputs else [0] * W
+        in_splits = [sum(counts) for counts in per_source] if kernel_outputs else [0] * W
         sent = received.sent_ids_per_slot
         out_splits = torch.zeros(W, dtype=torch.int64, device=self.device).index_add_(0, self.dest_of_slot, sent * self.slot_width).tolist()
         rows = all_to_all_autograd(local, out_splits, in_splits, self.pg, grad_scale=1.0 / W).view(-1, QUAD)

@@ -6,7 +6,7 @@ table_wise gives one slot per feature, column_wise/table_column_wise one per col
 (each receives every id), row_wise/table_row_wise one per row block (each receives the
 ids in its rows, re-based to the block). data_parallel features never leave the rank.
 On its destination, a slot belongs to one rank-local kernel (grouped by implementation,
-optimizer and, where the kernel needs one width, dim); slots are ordered by kernel so
+optimizer and, except for FBGEMM's pooled kernel, width); slots are ordered by kernel so
 that every kernel reads a contiguous range.
 """
 
@@ -180,7 +180,7 @@ def build_routing(
     def kernel_key(slot: Slot) -> tuple[str, str, int]:
         optimizer = by_name[slot.table].optimizer
         impl = "fbgemm" if optimizer in fbgemm_optimizers else "torch"
-        # FBGEMM's pooled kernel mixes widths; its sequence kernel and the torch kernel do not.
+        # FBGEMM's pooled kernel mixes widths; sequence kernels and the torch kernel do not.
         return impl, optimizer, (0 if impl == "fbgemm" and pooled else slot.num_cols)
 
     slots_by_rank = []

@@ -56,13 +56,13 @@ def uneven_rows(num_rows: int, ranks: list[int]) -> list[Shard]:
     return [Shard(r, cuts[j], cuts[j + 1] - cuts[j], 0, 0) for j, r in enumerate(reversed(ranks))]
 
 
-def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology) -> list[Shard]:
+def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology, table_wise_rank: int | None = None) -> list[Shard]:
     N, D, W = spec.num_embeddings, spec.embedding_dim, topo.world_size
     host_ranks = list(topo.host_ranks(index % topo.num_hosts))
     if stype is ST.DATA_PARALLEL:
         return [Shard(r, 0, N, 0, D) for r in range(W)]
     if stype is ST.TABLE_WISE:
-        return [Shard((index + 1) % W, 0, N, 0, D)]
+        return [Shard((index + 1) % W if table_wise_rank is None else table_wise_rank, 0, N, 0, D)]
     if stype.splits_rows:
         ranks = list(range(W)) if stype is ST.ROW_WISE else host_ranks
         if index % 2 == 0:
@@ -73,8 +73,8 @@ def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology)
     return [Shard(r, 0, N, co, n) for r, (co, n) in zip(ranks, col_splits(D, len(ranks)))]
 
 
-def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType]) -> ShardingPlan:
-    tables = tuple(TablePlacement(s.name, t, COMPUTE_KERNEL[t], tuple(shards_for(s, i, t, topo)))
+def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType], table_wise_rank: int | None = None) -> ShardingPlan:
+    tables = tuple(TablePlacement(s.name, t, COMPUTE_KERNEL[t], tuple(shards_for(s, i, t, topo, table_wise_rank)))
                    for i, (s, t) in enumerate(zip(specs, types)))
     return ShardingPlan(tables=tables, specs=tuple(specs), topology=topo, ranks=(), lower_bound_ms=0.0, input_hash="")
 
@@ -269,6 +269,14 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
     cases["mixed-pooled"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=5)
     cases["mixed-pooled-weighted"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True, seed=6)
     cases["mixed-sequence"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False, seed=7)
+    # One optimizer for all tables: each rank's blocks share kernels (several tables per kernel).
+    for optimizer in ("rowwise_adagrad", "adam"):
+        for pooled, specs in ((True, POOLED), (False, SEQUENCE)):
+            same = [dataclasses.replace(s, optimizer=optimizer) for s in specs]
+            plan = make_plan(same, topo, [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE], table_wise_rank=0)
+            kind = "pooled" if pooled else "sequence"
+            cases[f"shared-kernels-{optimizer}-{kind}"] = (lambda pg, s=same, p=plan, pooled=pooled:
+                                                           run_training(s, p, pg, pooled=pooled, mean=pooled, seed=9))
     all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
     cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
     return cases
