@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml requirements-stack.txt
 	$(VPY) -c "import torch, fbgemm_gpu, torchrec; print('stack ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8.0')"
 	touch $(STAMP)
 
-# Until training lands (issue 4), the default job is the planner dry run on a shipped workload.
+# The default job: DLRM on 2 local CPU ranks, synthetic Criteo-like data, 300 steps (a few minutes).
 train: $(STAMP)
-	$(VENV)/bin/embshard-plan tables=criteo_tb topology.world_size=64 topology.local_world_size=8 topology.hbm_gib=16 out=outputs/plan.json
+	$(VENV)/bin/embshard-train launcher.nproc=2
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests

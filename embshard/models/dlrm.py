@@ -74,12 +74,12 @@ class DLRM(nn.Module):
             target_BD = per_feature[TARGET_FEATURE].values()  # one target item per sample
             history = per_feature[HISTORY_FEATURE]
             extra = [self.attention(history.values(), history.lengths(), target_BD), target_BD]
-        B = dense_BD.shape[0]
+        if extra:
+            embeddings_BE = torch.cat([embeddings_BE, *extra], dim=1)
         if self.config.interaction == "dot":
-            vectors_BFD = torch.cat([embeddings_BE.view(B, self.num_features, -1), *(e.unsqueeze(1) for e in extra)], dim=1)
-            out = self.interaction(dense_BD, vectors_BFD)
+            out = self.interaction(dense_BD, embeddings_BE.view(dense_BD.shape[0], -1, dense_BD.shape[1]))
         else:
-            out = self.interaction(dense_BD, torch.cat([embeddings_BE, *extra], dim=1))
+            out = self.interaction(dense_BD, embeddings_BE)
         return self.top(out).squeeze(1)
 
     def embedding_modules(self) -> list[nn.Module]:
