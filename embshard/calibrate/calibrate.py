@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from embshard.calibrate import collectives, kernels
 from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, fit
 from embshard.calibrate.measure import PHASES, measure_plans
-from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
 
@@ -92,6 +93,8 @@ def base_topology(cfg: Mapping[str, Any]) -> Topology:
 
 def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int) -> list[ShardingPlan]:
     """Random runnable layouts of generated workloads (seeds from pcfg['seed'])."""
+    from embshard.calibrate.synthetic import bench_tables, random_plan  # imports torch
+
     topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size, device="cpu")
     out = []
     for i in range(pcfg["num_plans"]):
@@ -175,7 +178,8 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
 
 
 def _num(x: float) -> str:
-    return f"{x:.6g}" if x else "0.0"
+    """6 significant digits that YAML reads back as a float (1e+06 would be a string)."""
+    return yaml.safe_dump(float(f"{x:.6g}")).splitlines()[0]
 
 
 def write_profile(text: str, cfg: Mapping[str, Any], config_dir: Path) -> Path:

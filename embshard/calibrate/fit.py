@@ -46,6 +46,7 @@ LOOKUP_TERMS = ("hbm_gb_per_s", "lookup_fwd_call_ms", "lookup_bwd_call_ms", "loo
                 "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row")
 DIST_TERMS = ("intra_host_gb_per_s", "collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
 SEQUENCE_TERMS = ("lookup_ns_per_out_byte", "sequence_bwd_ns_per_row", "sequence_dist_ns_per_id")
+ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,14 @@ class Fit:
 
 
 def _nnls(samples: Sequence[Sample], phases: Sequence[str], collectives: Sequence[dict[str, Any]], free: Sequence[str],
-          fixed: dict[str, float]) -> dict[str, float]:
-    blocks = [plan_rows(s, phases) for s in samples]
+          fixed: dict[str, float], cache: dict | None = None) -> dict[str, float]:
+    cache = {} if cache is None else cache
+    blocks = []
+    for s in samples:
+        key = (id(s), tuple(phases))
+        if key not in cache:
+            cache[key] = plan_rows(s, phases)
+        blocks.append(cache[key])
     if collectives:
         blocks.append(collective_rows(collectives))
     X = np.vstack([b[0] for b in blocks])
@@ -140,9 +147,9 @@ def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed:
     """Fit the terms on the microbenchmarks, then the per-phase factors on the plans.
 
     Terms (TERMS, except those in ``fixed``), on the kernel samples and the collectives, in
-    three independent least-squares steps: LOOKUP_TERMS on the lookup phases, DIST_TERMS on
-    the other phases and the collectives (both without sequence tables), then SEQUENCE_TERMS
-    on the sequence samples, the others held. Factors (PHASE_FACTORS): for each phase, the
+    three least-squares steps, each with the others' terms held: LOOKUP_TERMS on the lookup
+    phases, DIST_TERMS on the other phases and the collectives (both without sequence
+    tables), SEQUENCE_TERMS on the sequence samples; the steps repeat ROUNDS times. Factors (PHASE_FACTORS): for each phase, the
     least-squares ratio of measured to predicted time over the ranks of the plan samples
     (1 where no plan exercises the phase).
     """
@@ -153,10 +160,12 @@ def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed:
     theta = {t: fixed.get(t, 0.0) for t in TERMS}
     steps = ((pooled, LOOKUP_PHASES, [], LOOKUP_TERMS), (pooled, DIST_PHASES, collectives, DIST_TERMS),
              (sequence, PHASES, [], SEQUENCE_TERMS))
-    for data, phases, colls, terms in steps:
-        free = [t for t in terms if t not in fixed]
-        if (data or colls) and free:
-            theta = _nnls(data, phases, colls, free, theta)
+    cache: dict = {}  # design rows do not depend on theta: build them once
+    for _ in range(ROUNDS if sequence else 1):  # the steps share a few terms (output bytes): alternate
+        for data, phases, colls, terms in steps:
+            free = [t for t in terms if t not in fixed]
+            if (data or colls) and free:
+                theta = _nnls(data, phases, colls, free, theta, cache)
     factors = phase_factors([s for s in samples if s.source == "plans"], theta)
     return Fit(theta, factors, fit_errors(samples, collectives, theta, factors))
 

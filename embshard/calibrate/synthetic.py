@@ -8,10 +8,7 @@ exactly P) and ids are uniform over the table's rows.
 from __future__ import annotations
 
 import random
-from typing import Sequence
-
-import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from typing import TYPE_CHECKING, Sequence
 
 from embshard.planner.api import manual_plan
 from embshard.planner.plan import ShardingPlan
@@ -20,9 +17,16 @@ from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
+if TYPE_CHECKING:
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-def synthetic_batch(specs: Sequence[TableSpec], batch_size: int, generator: torch.Generator) -> KeyedJaggedTensor:
+
+def synthetic_batch(specs: Sequence[TableSpec], batch_size: int, generator: "torch.Generator") -> "KeyedJaggedTensor":
     """One local batch for the features of ``specs`` (in spec order)."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     keys, lengths, values = [], [], []
     for s in specs:
         for f in s.feature_names:

@@ -1,0 +1,128 @@
+"""Calibrated cost terms: off by default, where they apply, and that the fit recovers them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from embshard.calibrate.calibrate import profile_yaml
+from embshard.calibrate.fit import TERMS, Sample, fit, unit_topology
+from embshard.calibrate.kernels import KernelPoint
+from embshard.calibrate.measure import PHASES
+from embshard.calibrate.predict import predict_ranks
+from embshard.calibrate.synthetic import bench_tables, random_plan
+from embshard.planner import evaluate, plan
+from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf
+from embshard.planner.types import Perf, ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
+from embshard.workloads import generate_tables
+
+CPU = Topology(world_size=2, local_world_size=2, hbm_gib=4, batch_size_per_rank=64, device="cpu")
+TRUE_TERMS = dict(hbm_gb_per_s=50.0, intra_host_gb_per_s=2.5, collective_ms=0.2, input_dist_call_ms=0.9, output_dist_call_ms=0.3,
+                  lookup_fwd_call_ms=0.7, lookup_bwd_call_ms=0.2, lookup_fwd_ns_per_id=5.0, lookup_bwd_ns_per_id=20.0,
+                  lookup_bwd_ns_per_row=400.0, lookup_ns_per_row_byte=0.25, lookup_ns_per_out_byte=0.2, sequence_bwd_ns_per_row=2000.0,
+                  dist_ns_per_id=10.0, dist_ns_per_bag=80.0, dist_ns_per_byte=0.6, sequence_dist_ns_per_id=25.0,
+                  dp_fwd_ns_per_id=20.0, dp_bwd_ns_per_id_byte=1.2, dp_bwd_ns_per_row=700.0)
+
+
+def test_defaults_are_the_datasheet_model():
+    topo = Topology(world_size=8, local_world_size=4, hbm_gib=32)
+    assert topo.full_duplex and all(getattr(topo, t) == 0.0 for t in CALIBRATED_TERMS)
+    assert all(getattr(topo, f) == 1.0 for f in PHASE_FACTORS)
+    specs = generate_tables(30, seed=2, sequence_fraction=0.3)
+    p = plan(specs, topo, time_budget_s=1)
+    assert [x.to_dict() for x in predict_ranks(specs, topo, p.tables)] == [r.perf.to_dict() for r in p.ranks]
+
+
+def test_terms_apply_where_documented():
+    spec = TableSpec("t", 1000, 16, 4.0)
+    base = holder_perf(spec, CPU, ShardingType.TABLE_WISE, 1000, 16, 1)
+    with_id = holder_perf(spec, replace(CPU, lookup_fwd_ns_per_id=10.0), ShardingType.TABLE_WISE, 1000, 16, 1)
+    ids = CPU.global_batch_size * 4.0
+    assert with_id.lookup_fwd_ms - base.lookup_fwd_ms == pytest.approx(ids * 10.0 * 1e-6)
+    assert with_id.lookup_bwd_ms == base.lookup_bwd_ms
+    doubled = holder_perf(spec, replace(CPU, lookup_bwd_factor=2.0), ShardingType.TABLE_WISE, 1000, 16, 1)
+    assert doubled.lookup_bwd_ms == pytest.approx(2 * base.lookup_bwd_ms) and doubled.lookup_fwd_ms == base.lookup_fwd_ms
+    assert expected_distinct_rows(1.0, 10**6) == pytest.approx(1.0, rel=1e-5)
+    assert expected_distinct_rows(1e6, 100) == pytest.approx(100.0)
+    assert expected_distinct_rows(100, 100) == pytest.approx(100 * (1 - math.exp(-1)))
+
+
+def test_half_duplex_adds_the_two_sides_and_fixed_costs():
+    held, req = Perf(input_dist_ms=2.0, output_dist_fwd_ms=1.0), Perf(input_dist_ms=3.0, output_dist_fwd_ms=0.5)
+    fixed = fixed_perf(replace(CPU, collective_ms=0.1, input_dist_call_ms=1.0, lookup_fwd_call_ms=0.5), 2, 3)
+    assert fixed.input_dist_ms == pytest.approx(2 * (1.0 + 3 * 0.1)) and fixed.lookup_fwd_ms == pytest.approx(1.5)
+    assert rank_perf(held, req, Perf(), Perf(), CPU).input_dist_ms == 3.0  # full duplex: max
+    half = rank_perf(held, req, Perf(), fixed, replace(CPU, full_duplex=False))
+    assert half.input_dist_ms == pytest.approx(5.0 + 2.6) and half.output_dist_fwd_ms == pytest.approx(1.5 + fixed.output_dist_fwd_ms)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("lookup_bwd_ns_per_row", -1.0, "lookup_bwd_ns_per_row: must be a number >= 0"),
+    ("lookup_bwd_factor", 0, "lookup_bwd_factor: must be a positive factor"),
+    ("full_duplex", "no", "full_duplex: must be true or false"),
+])
+def test_topology_rejects_bad_terms(key, value, needle):
+    with pytest.raises(ValueError, match=needle):
+        Topology.from_dict({"world_size": 2, "device": "cpu", key: value})
+
+
+def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
+    """Measurements that the model explains exactly: kernel points, random plans, collectives."""
+    samples = []
+    for kind, pooled, rows, dim, batch, pf in [("fbgemm", True, n, d, b, p) for n in (100, 10_000, 200_000) for d in (16, 64, 128)
+                                               for b, p in ((64, 1.0), (512, 8.0), (2048, 30.0))] + \
+            [("fbgemm", False, n, 32, b, p) for n in (100, 50_000) for b, p in ((64, 2.0), (1024, 10.0))] + \
+            [("dp", True, n, d, b, p) for n in (100, 5_000) for d in (16, 64) for b, p in ((64, 3.0), (1024, 20.0))]:
+        p_ = KernelPoint(kind, pooled, rows, dim, batch, pf).plan()
+        pred = predict_ranks(p_.specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=batch,
+                                               **{f: 1.0 for f in PHASE_FACTORS}), p_.tables)
+        samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "kernels"))
+    for i in range(4):
+        topo = replace(CPU, world_size=2 + 2 * (i % 2), local_world_size=2 + 2 * (i % 2), batch_size_per_rank=256)
+        p_ = random_plan(bench_tables(6, seed=i, max_rows=20_000), topo, seed=i)
+        pred = predict_ranks(p_.specs, replace(truth, world_size=topo.world_size, local_world_size=topo.world_size,
+                                               batch_size_per_rank=256), p_.tables)
+        samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "plans"))
+    collectives = []
+    for W in (2, 4):
+        for nbytes in (1000, 10**6, 10**7):
+            t = replace(truth, world_size=W, local_world_size=W)
+            from embshard.planner.cost.perf import allreduce_ms, collective_fixed_ms, spread_comm_ms
+            collectives.append({"op": "all_to_all", "world_size": W, "bytes": nbytes, "rank": 0,
+                                "cpu_ms": collective_fixed_ms(t) + 2 * spread_comm_ms(nbytes, t)})
+            collectives.append({"op": "all_reduce", "world_size": W, "bytes": nbytes, "rank": 0,
+                                "cpu_ms": collective_fixed_ms(t, 2) + allreduce_ms(nbytes, t)})
+    return samples, collectives
+
+
+def test_fit_recovers_the_terms_and_factors():
+    truth = replace(CPU, full_duplex=False, lookup_bwd_factor=1.5, output_dist_factor=0.8, **TRUE_TERMS)
+    samples, collectives = synthetic_samples(truth)
+    result = fit(samples, collectives)
+    got = result.topology(CPU)
+    for term in TERMS:
+        assert getattr(got, term) == pytest.approx(getattr(truth, term), rel=1e-3), term
+    assert result.factors["lookup_bwd_factor"] == pytest.approx(1.5, rel=1e-3)
+    assert result.factors["output_dist_factor"] == pytest.approx(0.8, rel=1e-3)
+    assert result.factors["lookup_fwd_factor"] == pytest.approx(1.0, rel=1e-3)
+    assert all(e["median"] < 1e-3 for e in result.errors.values())
+    # the profile file reads back as the same topology (6 significant digits)
+    data = {"machine_start": {"cpu": "test", "cores": 2}, "measure_s": 0}
+    raw = yaml.safe_load(profile_yaml(got, data, result, "test"))
+    loaded = Topology.from_dict(raw)
+    assert not loaded.full_duplex
+    for term in (*TERMS, *PHASE_FACTORS):
+        assert getattr(loaded, term) == pytest.approx(getattr(got, term), rel=1e-5), term
+
+
+def test_unit_topology_isolates_one_term():
+    spec = TableSpec("t", 1000, 16, 4.0)
+    topo = unit_topology(CPU, "lookup_bwd_ns_per_row")
+    perf = holder_perf(spec, topo, ShardingType.TABLE_WISE, 1000, 16, 1)
+    distinct = expected_distinct_rows(CPU.global_batch_size * 4.0, 1000)
+    assert perf.lookup_bwd_ms == pytest.approx(distinct * 1e-6) and perf.total_ms == pytest.approx(distinct * 1e-6)
