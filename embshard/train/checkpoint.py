@@ -43,7 +43,7 @@ from embshard.runtime.lookup import TORCH_DTYPE
 from embshard.runtime.optim import state_shapes
 from embshard.runtime.state import TableShard
 from embshard.specs import TableSpec
-from embshard.train.distributed import RankContext, barrier
+from embshard.train.distributed import RankContext, SharedError, barrier, on_main
 
 FORMAT, VERSION = "embshard-train-checkpoint", 1
 STATE_FILE = "train_state.json"
@@ -187,23 +187,42 @@ def resolve(path: str | Path) -> Path:
 
 
 def load(path: str | Path, parts: Parts, ctx: RankContext) -> Restored:
-    """Check the checkpoint against the run, then load it into ``parts`` (any plan, any world size)."""
+    """Check the checkpoint against the run, then load it into ``parts`` (any plan, any world size).
+
+    Rank 0 checks the files and every rank raises its verdict (SharedError); a failed read
+    fails on every rank too (DCP gathers the failures). Nothing is touched until all is read.
+    """
     path = resolve(path)
-    info = read_info(path)
-    check_compatible(info, parts, path)
-    metadata = read_metadata(path)
-    dest, expected = _destination(parts, ctx, metadata, path)
-    for key, (shape, dtype) in expected.items():
-        _check_entry(metadata, key, shape, dtype, path)
+    on_main(ctx, lambda: check(path, parts))
+    info, metadata = read_info(path), read_metadata(path)
+    dest = _destination(parts, ctx, metadata)
     try:
         dcp.load(dest, storage_reader=SafeReader(path), process_group=ctx.pg, no_dist=ctx.pg is None)
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank read failures (truncated or corrupt files)
-        raise ValueError(f"checkpoint {path}: cannot read its tensors, the files are corrupt or truncated "
-                         f"({_describe(e)}); nothing was loaded") from None
+        raise SharedError(f"checkpoint {path}: cannot read its tensors, the files are corrupt or truncated "
+                          f"({_describe(e)}); nothing was loaded") from None
     _apply(dest, parts)
     rank_file = path / f"rank_{ctx.rank}.json"
     rank_info = json.loads(rank_file.read_text()) if info["world_size"] == ctx.world_size and rank_file.exists() else {}
     return Restored(path, int(info["step"]), info, rank_info)
+
+
+def check(path: Path, parts: Parts) -> None:
+    """ValueError unless the checkpoint at ``path`` holds every tensor this run needs, as it needs it."""
+    info = read_info(path)
+    check_compatible(info, parts, path)
+    metadata = read_metadata(path)
+    for spec in parts.specs:
+        for key in _table_keys(spec):
+            shape = [] if key == "step" else [spec.num_embeddings, spec.embedding_dim]
+            dtype = torch.int64 if key == "step" else TORCH_DTYPE[spec.dtype] if key == "weight" else torch.float32
+            _check_entry(metadata, f"tables.{spec.name}.{key}", shape, dtype, path)
+    for name, param in parts.dense:
+        _check_entry(metadata, f"dense.{name}", list(param.shape), param.dtype, path)
+        prefix = f"dense_optim.{name}."
+        for key, entry in metadata.state_dict_metadata.items():
+            if key.startswith(prefix) and list(getattr(entry, "size", [None])) not in ([], list(param.shape)):
+                raise ValueError(f"checkpoint {path}: {key} is not a tensor of shape [] or {list(param.shape)}")
 
 
 def read_info(path: Path) -> dict[str, Any]:
@@ -244,34 +263,28 @@ def check_compatible(info: dict[str, Any], parts: Parts, path: Path) -> None:
                          "trained with")
 
 
-def _destination(parts: Parts, ctx: RankContext, metadata: Metadata, path: Path
-                 ) -> tuple[dict[str, Any], dict[str, tuple[list[int], torch.dtype]]]:
-    """Empty tensors in this run's layout to load into, and the shape and dtype each key must have."""
+def _destination(parts: Parts, ctx: RankContext, metadata: Metadata) -> dict[str, Any]:
+    """Empty tensors in this run's layout to load into (collective: the ShardedTensors)."""
     local = parts.table_shards()
     dest: dict[str, Any] = {}
-    expected: dict[str, tuple[list[int], torch.dtype]] = {}
     for spec in parts.specs:
         shard = local.get(spec.name)
         for key in _table_keys(spec):
             full = f"tables.{spec.name}.{key}"
             if key == "step":
                 if shard is not None:
-                    dest[full], expected[full] = torch.zeros((), dtype=torch.int64), ([], torch.int64)
+                    dest[full] = torch.zeros((), dtype=torch.int64)
                 continue
             dtype = TORCH_DTYPE[spec.dtype] if key == "weight" else torch.float32
-            expected[full] = ([spec.num_embeddings, spec.embedding_dim], dtype)
             block = torch.zeros(shard.weight.shape, dtype=dtype, device=shard.weight.device) if shard else None
             dest[full] = block if shard is not None and shard.replicated else _sharded(block, shard, spec, ctx)
     for name, param in parts.dense:
         dest[f"dense.{name}"] = torch.empty_like(param.detach())
-        expected[f"dense.{name}"] = (list(param.shape), param.dtype)
         prefix = f"dense_optim.{name}."
         for key, entry in metadata.state_dict_metadata.items():
             if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata):
-                dest[key] = torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
-                if list(entry.size) not in ([], list(param.shape)):
-                    raise ValueError(f"checkpoint {path}: {key} has shape {list(entry.size)}, expected {list(param.shape)}")
-    return dest, expected
+                dest[key] = torch.empty(tuple(entry.size), dtype=entry.properties.dtype, device=param.device)
+    return dest
 
 
 def _check_entry(metadata: Metadata, key: str, shape: list[int], dtype: torch.dtype, path: Path) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 EXIT_GRACE_S = 10.0  # beyond the collective timeout, for ranks to print their error and exit
@@ -39,12 +40,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: LauncherConfig, args: list[str]) -> int:
-    """Run ``python -m embshard.train ARGS`` as ranks 0..nproc-1; the exit status of the run."""
+def launch(config: LauncherConfig, args: list[str], base_env: Mapping[str, str]) -> int:
+    """Run ``python -m embshard.train ARGS`` as ranks 0..nproc-1 with ``base_env`` and torchrun's
+    variables; the exit status of the run."""
     port = config.master_port or free_port()
     procs = []
     for rank in range(config.nproc):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.nproc),
+        env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.nproc),
                "LOCAL_WORLD_SIZE": str(config.nproc), "MASTER_ADDR": config.master_addr, "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, "-m", "embshard.train", *args], env=env))
     try:

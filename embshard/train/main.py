@@ -31,6 +31,7 @@ from embshard.train.launcher import launch, under_torchrun
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")  # the repository's (editable install)
+USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
 config.register()
 
 
@@ -41,11 +42,19 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     sys.exit(code)
 
 
-def child_args(cfg: DictConfig) -> list[str]:
+def child_args() -> list[str]:
     """The command line of a rank: this job's overrides, its output folder, the user's config dirs."""
     hc = HydraConfig.get()
     args = [f"--config-dir={s.path}" for s in hc.runtime.config_sources if s.provider == "command-line"]
     return [*args, *hc.overrides.task, f"hydra.run.dir={hc.runtime.output_dir}"]
+
+
+def user_env() -> dict[str, str]:
+    """This process's environment as the user gave it (main() sets HYDRA_FULL_ERROR for Hydra)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    if USER_FULL_ERROR is not None:
+        env["HYDRA_FULL_ERROR"] = USER_FULL_ERROR
+    return env
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
@@ -55,7 +64,7 @@ def hydra_main(cfg: DictConfig) -> None:
     except (ValueError, OmegaConfBaseException) as e:
         fail(str(e))
     if not under_torchrun() and settings.launcher.nproc > 1:
-        code = launch(settings.launcher, child_args(cfg))
+        code = launch(settings.launcher, child_args(), user_env())
         if code:
             sys.exit(code)
         return

@@ -1,9 +1,10 @@
 """The run's sharding plan: planned (or loaded from ``plan_file``) once on rank 0, shared with
-every rank as JSON, reported and saved beside the run's other outputs."""
+every rank as JSON, reported, and saved beside the run's other outputs."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -15,7 +16,7 @@ from embshard.train.distributed import RankContext, on_main
 
 
 def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None) -> ShardingPlan:
-    """The plan for this run's tables on ``ctx.world_size`` ranks; rank 0 prints and saves it."""
+    """The plan for this run's tables on ``ctx.world_size`` ranks; rank 0 prints its report."""
     def build() -> tuple[str, float]:
         t0 = time.perf_counter()
         if settings.plan_file:
@@ -30,12 +31,15 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
     text, planning_s = on_main(ctx, build)
     plan = ShardingPlan.from_json(text)
     if console is not None:
-        out = settings.out_dir / "plan.json"
-        plan.save(out)
-        save_chart(plan, out.with_suffix(".png"))
         console.print(rank_table(plan))
         console.print(summary(plan, None if settings.plan_file else planning_s), markup=False, highlight=False)
     return plan
+
+
+def save_plan(plan: ShardingPlan, out_dir: Path) -> None:
+    """out_dir/plan.json (loadable with ShardingPlan.load, or as plan_file) and its chart plan.png."""
+    plan.save(out_dir / "plan.json")
+    save_chart(plan, out_dir / "plan.png")
 
 
 def check_plan_file(plan: ShardingPlan, settings: TrainSettings, world_size: int) -> None:

@@ -20,14 +20,14 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
     ctx = None
     try:
         ctx = distributed.start(settings.topology, settings.launcher.collective_timeout_s, with_group=not settings.unsharded)
-        console = None
+        console = (Console() if Console().is_terminal else Console(width=160)) if ctx.is_main else None
+        from embshard.train.trainer import Trainer
+
+        trainer = Trainer(settings, ctx, console)  # plans, builds, resumes: refusals come before any output
         if ctx.is_main:
             settings.out_dir.mkdir(parents=True, exist_ok=True)
             (settings.out_dir / "config.yaml").write_text(config_yaml)
-            console = Console() if Console().is_terminal else Console(width=160)
-        from embshard.train.trainer import Trainer
-
-        Trainer(settings, ctx, console).train()
+        trainer.train()
     except SharedError as e:
         if ctx is None or ctx.is_main:
             fail(str(e))

@@ -26,13 +26,14 @@ from embshard.data.criteo_tsv import TsvStream
 from embshard.data.stream import Stream, open_stream
 from embshard.models.dlrm import DLRM
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection, shard_model
+from embshard.runtime.state import TableShard
 from embshard.train import checkpoint
 from embshard.train.config import TrainSettings
 from embshard.train.distributed import RankContext, all_gather, all_sum
 from embshard.train.evaluate import evaluate
 from embshard.train.metrics import MetricsLog, save_curves
 from embshard.train.optim import DenseOptimConfig
-from embshard.train.planning import run_plan
+from embshard.train.planning import run_plan, save_plan
 from embshard.train.unsharded import UnshardedSparseOptimizer
 
 
@@ -59,17 +60,22 @@ class Trainer:
             self.dense = tuple(self.model.module.named_parameters())
             collections = [m for m in self.model.modules()
                            if isinstance(m, (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection))]
-            table_shards = lambda: {k: v for c in collections for k, v in c.state_dict().items()}  # noqa: E731
-            load_tables = lambda shards: [c.load_state_dict({k: shards[k] for k in c.state_dict()}) for c in collections]  # noqa: E731
+
+            def table_shards() -> dict[str, TableShard]:
+                return {name: shard for c in collections for name, shard in c.state_dict().items()}
+
+            def load_tables(shards: dict[str, TableShard]) -> None:
+                for c in collections:
+                    c.load_state_dict({name: shards[name] for name in c.state_dict()})
         self.optimizer = dense_optimizer(s.optim.dense, [p for _, p in self.dense])
         self.parts = checkpoint.Parts(s.specs, table_shards, load_tables, self.dense, self.optimizer, s.optim.dense.name)
-        self.metrics = MetricsLog(s.out_dir, s.tensorboard) if ctx.is_main else None
+        self.metrics: MetricsLog | None = None
         self.step, self.samples_consumed, self.position = 0, 0, None
         self.last_eval: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
         self.eval_streams: list[Stream] = []
         if s.checkpoint.resume_from:
-            self._resume()
+            self._resume()  # before this run writes anything: a refused checkpoint leaves no trace
 
     # ---- checkpoints --------------------------------------------------------------------
     def _resume(self) -> None:
@@ -94,6 +100,10 @@ class Trainer:
     # ---- loop -----------------------------------------------------------------------------
     def train(self) -> None:
         s, ctx = self.s, self.ctx
+        if ctx.is_main:
+            if self.plan is not None:
+                save_plan(self.plan, s.out_dir)
+            self.metrics = MetricsLog(s.out_dir, s.tensorboard)
         stream = open_stream(s.data, self.layout, ctx.rank, ctx.world_size, self.batch_size, "train",
                              samples_consumed=self.samples_consumed, position=self.position)
         bar = tqdm(total=s.steps, initial=self.step, disable=not ctx.is_main, unit="step", mininterval=1.0,

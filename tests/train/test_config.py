@@ -134,3 +134,4 @@ def test_cli_bad_input_is_one_line_and_status_2(case: str, cli_runs) -> None:
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
     assert lines[0].startswith("embshard-train: error: ") and CLI_CASES[case][1] in lines[0]
+

@@ -1,7 +1,7 @@
 """embshard-train end to end, as users run it: real processes, real gloo ranks.
 
 Stage 1 (concurrently): A = 2 local ranks for 60 steps on a planted-signal set, with each
-table on another sharding type; a strict run on Criteo TSV with a malformed line; a Hydra
+table on another sharding type and a user-history feature (sequence table, row-wise); a strict run on Criteo TSV with a malformed line; a Hydra
 --multirun sweep; K = 2 ranks of which one is killed after its first step. Meanwhile, in
 this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
 TSV run that skips malformed lines. Stage 2, from A's checkpoints: B = torchrun resuming A
@@ -40,7 +40,9 @@ STAGE_TIMEOUT_S = 420
 LAYOUT = {"t0": "[row_wise]", "t1": "[table_wise]", "t2": "[column_wise]", "t3": "[data_parallel]",
           "t4": "[table_row_wise]", "t5": "[table_wise]"}
 SHARDING = [f"+constraints.tables.{t}.sharding_types={types}" for t, types in LAYOUT.items()] + \
-    ["+constraints.tables.t1.ranks=[1]", "+constraints.tables.t5.ranks=[0]"]
+    ["+constraints.tables.t1.ranks=[1]", "+constraints.tables.t5.ranks=[0]", "+constraints.tables.item.sharding_types=[row_wise]"]
+# A user-history feature: a sequence table "item", looked up by the sharded EmbeddingCollection.
+SEQUENCE = ["model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6"]
 BATCH = 64  # per rank of A; the unsharded reference takes 2 x 64
 KILL_TIMEOUT_S = 20  # K's collective timeout
 config.register()
@@ -85,7 +87,7 @@ def metrics(out: Path, split: str = "train") -> list[dict]:
 
 
 def base(config_dir: Path, tables: str = "tiny") -> list[str]:
-    synthetic = ["data.signal=3"] if tables == "tiny" else []
+    synthetic = ["data.signal=3", *SEQUENCE] if tables == "tiny" else []
     return [f"--config-dir={config_dir}", f"tables={tables}", *MODEL, *FAST_PLANNER, *synthetic,
             "launcher.collective_timeout_s=60", "log_every_steps=1", "eval.num_batches=4"]
 
@@ -139,6 +141,8 @@ def kill_rank_1_after_first_step(run: Run) -> float:
     log = run.out / "metrics.jsonl"
     while not (log.exists() and log.stat().st_size) and run.proc.poll() is None:
         time.sleep(0.2)
+    if run.proc.poll() is not None:
+        return float("nan")  # it ended by itself: the test shows its output
     ranks = subprocess.run(["pgrep", "-P", str(run.proc.pid)], capture_output=True, text=True).stdout.split()
     rank1 = next(p for p in ranks if "RANK=1\0" in Path(f"/proc/{p}/environ").read_text())
     os.kill(int(rank1), signal.SIGKILL)
@@ -150,7 +154,7 @@ def kill_rank_1_after_first_step(run: Run) -> float:
 def test_two_ranks_match_the_unsharded_reference_step_by_step(stage1) -> None:
     a, tmp = stage1["A"], stage1["tmp"]
     assert a.proc.returncode == 0, a.text[-3000:]
-    assert "sharding: data_parallel 1, table_wise 2, row_wise 1, column_wise 1, table_row_wise 1" in a.text
+    assert "sharding: data_parallel 1, table_wise 2, row_wise 2, column_wise 1, table_row_wise 1" in a.text
     sharded = [r["loss"] for r in metrics(a.out)[:10]]
     reference = [r["loss"] for r in metrics(tmp / "U")]
     assert len(reference) == 10 and max(abs(x - y) for x, y in zip(sharded, reference)) < 1e-5, (sharded, reference)
