@@ -10,8 +10,11 @@ optimizer updates every shard inside backward; nothing to call afterwards.
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
 gradient of the *mean* of the ranks' losses, i.e. the unsharded collection fed the
 concatenated global batch with gradients averaged over ranks -- what DDP does for dense
-parameters. Data-parallel tables get the same: gradients summed over ranks by one
-all-reduce, divided by the world size, then the table's optimizer.
+parameters. Data-parallel tables get the same through a replicated look-up: every replica
+looks up the global batch (ids all-gathered in forward), keeps its own rows, and in backward
+gathers every rank's gradient of its rows, divides by the world size and applies the
+table's fused optimizer: the same update on every replica. This moves ids and pooled
+gradients instead of whole-table gradients; it costs world_size x the local lookups.
 
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table
@@ -31,12 +34,12 @@ from torch import Tensor, nn
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from embshard.planner.plan import ShardingPlan
-from embshard.runtime.comm import gather_header
+from embshard.runtime.comm import gather_header, local_part
 from embshard.runtime.features import Batch, check_batch
-from embshard.runtime.input_dist import InputDist
+from embshard.runtime.input_dist import InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
 from embshard.runtime.optim import OptimizerConfig
-from embshard.runtime.output_dist import PooledOutputDist, SequenceOutputDist
+from embshard.runtime.output_dist import PooledOutputDist, SequenceOutputDist, by_source
 from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_routing, check_plan
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
@@ -68,11 +71,11 @@ class _ShardedCollection(nn.Module):
                              "load the same plan file on every rank")
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device))
+        replicas = self.routing.replicas
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
-        self.dp_kernels = [self._kernel(k, reduce_pg=pg) for k in self.routing.dp_kernels]
-        self.dp_permutes = [torch.tensor([s.feature for s in k.slots], dtype=torch.int32, device=self.device)
-                            for k in self.routing.dp_kernels]
+        self.replica_kernels = [self._kernel(k) for k in replicas.kernels] if replicas else []
         self.input_dist = InputDist(self.routing, pg, self.device)
+        self.replica_dist = InputDist(replicas, pg, self.device) if replicas else None
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
         for table, (kernel, i, slot) in self._blocks().items():
@@ -80,11 +83,11 @@ class _ShardedCollection(nn.Module):
             kernel.block_weights()[i].copy_(init_block(table, spec.num_embeddings, slot.num_rows, slot.num_cols,
                                                        slot.row_offset, slot.col_offset, seed))
 
-    def _kernel(self, spec: KernelSpec, reduce_pg: dist.ProcessGroup | None = None) -> nn.Module:
+    def _kernel(self, spec: KernelSpec) -> nn.Module:
         dtypes = [self._spec(b.table).dtype for b in spec.blocks]
         if spec.impl == "fbgemm":
             return FbgemmKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
-        return TorchKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device, reduce_pg)
+        return TorchKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
 
     def _spec(self, table: str) -> TableSpec:
         return next(s for s in self.specs if s.name == table)
@@ -92,7 +95,8 @@ class _ShardedCollection(nn.Module):
     def _blocks(self) -> dict[str, tuple[nn.Module, int, Any]]:
         """table -> (kernel, block index in the kernel, slot) for every block this rank holds."""
         out = {}
-        for kernels, specs in ((self.kernels, self.routing.kernels), (self.dp_kernels, self.routing.dp_kernels)):
+        replica_specs = self.routing.replicas.kernels if self.routing.replicas else ()
+        for kernels, specs in ((self.kernels, self.routing.kernels), (self.replica_kernels, replica_specs)):
             for kernel, spec in zip(kernels, specs):
                 for i, block in enumerate(spec.blocks):
                     out[block.table] = (kernel, i, block)
@@ -108,49 +112,55 @@ class _ShardedCollection(nn.Module):
         assert batch is not None
         return batch, tuple(header[:, 0].tolist())
 
-    def _dp_lookups(self, batch: Batch) -> list[Tensor]:
-        """Local lookups of the data-parallel replicas (sequence: rows of each feature in batch order)."""
-        outs = []
-        for kernel, permute in zip(self.dp_kernels, self.dp_permutes):
-            lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
-                permute, batch.lengths_FB.view(len(self.routing.features), -1), batch.values_N, batch.weights_N)
-            if self.pooled:
-                outs.append(kernel(values, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)), weights))
-            else:
-                outs.append(kernel(values, None, None, [[n] for n in lengths.sum(1).tolist()]))
-        return outs
+    def _distribute(self, features: KeyedJaggedTensor) -> tuple[Batch, tuple[int, ...], Received | None, Received | None]:
+        """Validate, agree on batch sizes, then ship ids to shards and to every replica."""
+        batch, batch_sizes = self._prepare(features)
+        received = self.input_dist(batch, batch_sizes) if self.sharded else None
+        replicated = self.replica_dist(batch, batch_sizes) if self.replica_dist else None
+        return batch, batch_sizes, received, replicated
+
+    @staticmethod
+    def _look_up(kernels: list[nn.Module], received: Received | None) -> list[Tensor]:
+        if received is None:
+            return []
+        return [k(x.indices, x.offsets, x.per_sample_weights, x.ids_per_feature_rank) for k, x in zip(kernels, received.inputs)]
 
     # ---- optimizer and state ------------------------------------------------------------
     def set_learning_rate(self, learning_rate: float) -> None:
         """Learning rate of every fused optimizer of this collection, from the next backward on."""
-        for kernel in [*self.kernels, *self.dp_kernels]:
+        for kernel in [*self.kernels, *self.replica_kernels]:
             kernel.set_learning_rate(learning_rate)
 
-    def state_dict(self, *args: Any, destination: dict | None = None, prefix: str = "", keep_vars: bool = False) -> dict:
-        out = destination if destination is not None else OrderedDict()
+    def _shards(self, copy: bool) -> dict[str, TableShard]:
+        """This rank's blocks; ``copy=False`` gives views of the live weights and state."""
+        out = {}
         for table, (kernel, i, slot) in self._blocks().items():
             spec = self._spec(table)
-            out[prefix + table] = TableShard(
-                table, kernel.block_weights()[i].detach().clone(), slot.row_offset, slot.col_offset,
+            weight, state = kernel.block_weights()[i].detach(), kernel.block_states()[i]
+            out[table] = TableShard(
+                table, weight.clone() if copy else weight, slot.row_offset, slot.col_offset,
                 (spec.num_embeddings, spec.embedding_dim), spec.optimizer,
-                {k: v.detach().clone() for k, v in kernel.block_states()[i].items()},
-                replicated=kernel in self.dp_kernels)
+                {k: v.detach().clone() if copy else v for k, v in state.items()}, replicated=kernel in self.replica_kernels)
+        return out
+
+    def state_dict(self, *args: Any, destination: dict | None = None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """table name -> `TableShard` (a copy of this rank's block, its place, its optimizer state)."""
+        out = destination if destination is not None else OrderedDict()
+        out.update((prefix + name, shard) for name, shard in self._shards(copy=True).items())
         return out
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:
         """Accepts a `TableShard` of the same block (weights and optimizer state) or a full table tensor (weights)."""
-        current = self.state_dict()
-        for table, shard in current.items():
-            key = prefix + table
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            value = state_dict[key]
-            kernel, i, _ = self._blocks()[table]
-            with torch.no_grad():
-                kernel.block_weights()[i].copy_(block_of(value, shard, f"{self.where}.load_state_dict[{key!r}]"))
+        with torch.no_grad():
+            for table, live in self._shards(copy=False).items():
+                key = prefix + table
+                if key not in state_dict:
+                    missing_keys.append(key)
+                    continue
+                value = state_dict[key]
+                live.weight.copy_(block_of(value, live, f"{self.where}.load_state_dict[{key!r}]"))
                 if isinstance(value, TableShard):
-                    for name, tensor in kernel.block_states()[i].items():
+                    for name, tensor in live.optimizer_state.items():
                         tensor.copy_(value.optimizer_state[name])
         known = {prefix + s.name for s in self.specs}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):] and k not in known)
@@ -161,9 +171,8 @@ class _ShardedCollection(nn.Module):
         if missing:
             raise ValueError(f"{self.where}.load_tables: no weights for table(s) {missing}")
         with torch.no_grad():
-            for table, (kernel, i, _) in self._blocks().items():
-                shard = self.state_dict()[table]
-                kernel.block_weights()[i].copy_(block_of(tables[table].to(self.device), shard, f"{self.where}.load_tables[{table!r}]"))
+            for table, live in self._shards(copy=False).items():
+                live.weight.copy_(block_of(tables[table].to(self.device), live, f"{self.where}.load_tables[{table!r}]"))
 
 
 class ShardedEmbeddingBagCollection(_ShardedCollection):
@@ -186,13 +195,16 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         with self._phase("input_dist"):
-            batch, batch_sizes = self._prepare(features)
-            received = self.input_dist(batch, batch_sizes) if self.sharded else None
+            batch, batch_sizes, received, replicated = self._distribute(features)
         with self._phase("lookup"):
-            outs = [k(x.indices, x.offsets, x.per_sample_weights) for k, x in zip(self.kernels, received.inputs)] if received else []
-            dp_outs = self._dp_lookups(batch)
+            outs = self._look_up(self.kernels, received)
+            replica_outs = self._look_up(self.replica_kernels, replicated)
         with self._phase("output_dist"):
-            values = self.output_dist(outs, dp_outs, batch, batch_sizes)
+            replica_rows = None
+            if replica_outs:  # every replica computed every rank's rows; keep this rank's
+                full = replica_outs[0] if len(replica_outs) == 1 else torch.cat(replica_outs, dim=1)
+                replica_rows = local_part(full, batch_sizes, self.pg)
+            values = self.output_dist(outs, replica_rows, batch, batch_sizes)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
 
@@ -207,32 +219,34 @@ class ShardedEmbeddingCollection(_ShardedCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         with self._phase("input_dist"):
-            batch, batch_sizes = self._prepare(features)
-            received = self.input_dist(batch, batch_sizes) if self.sharded else None
+            batch, batch_sizes, received, replicated = self._distribute(features)
         with self._phase("lookup"):
-            outs = [k(x.indices, None, None, x.ids_per_feature_rank) for k, x in zip(self.kernels, received.inputs)] \
-                if received else []
-            dp_outs = self._dp_lookups(batch)
+            outs = self._look_up(self.kernels, received)
+            replica_outs = self._look_up(self.replica_kernels, replicated)
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
-            return self._per_feature(flat, dp_outs, batch)
+            replica_rows = None
+            if replica_outs:  # every replica computed every rank's rows; keep this rank's
+                per_source = replicated.floats_per_source_kernel
+                replica_rows = local_part(by_source(replica_outs, per_source), [sum(c) for c in per_source], self.pg)
+            return self._per_feature(flat, replica_rows, batch)
 
-    def _per_feature(self, flat: Tensor | None, dp_outs: list[Tensor], batch: Batch) -> dict[str, JaggedTensor]:
+    def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
+        """Cut the flat outputs (sharded features, then replicated ones) into one JaggedTensor per feature."""
         r, B = self.routing, batch.batch_size
         counts = batch.lengths_FB.view(len(r.features), -1).sum(1).tolist()
-        dp_rows: dict[int, Tensor] = {}
-        for kernel, out in zip(r.dp_kernels, dp_outs):
-            for slot, rows in zip(kernel.slots, out.view(-1, kernel.dim).split([counts[s.feature] for s in kernel.slots])):
-                dp_rows[slot.feature] = rows
-        result, start = {}, 0
-        for i, f in enumerate(r.features):
-            if f.data_parallel:
-                values = dp_rows[i]
-            else:
-                values = flat[start:start + counts[i] * f.dim].view(counts[i], f.dim)
-                start += counts[i] * f.dim
-            result[f.name] = JaggedTensor(values=values, lengths=batch.lengths_FB[i * B:(i + 1) * B])
-        return result
+        values: dict[int, Tensor] = {}
+        parts = [(flat, [i for i, f in enumerate(r.features) if not f.data_parallel])]
+        if r.replicas:
+            parts.append((replica_rows, [s.feature for s in r.replicas.slots_by_rank[r.rank]]))
+        for buffer, order in parts:
+            if buffer is None:
+                continue
+            # split (not slice): its backward is one concatenation, not a zero-filled copy per feature
+            for i, part in zip(order, buffer.split([counts[i] * r.features[i].dim for i in order])):
+                values[i] = part.view(counts[i], r.features[i].dim)
+        return {f.name: JaggedTensor(values=values[i], lengths=batch.lengths_FB[i * B:(i + 1) * B])
+                for i, f in enumerate(r.features)}
 
 
 def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan) -> int:

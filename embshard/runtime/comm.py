@@ -32,7 +32,7 @@ class _AllToAll(torch.autograd.Function):
         out_splits, in_splits = ctx.splits
         back = all_to_all(grad, in_splits, out_splits, ctx.pg)
         if ctx.grad_scale != 1.0:
-            back = back * ctx.grad_scale
+            back.mul_(ctx.grad_scale)
         return back, None, None, None, None
 
 
@@ -41,6 +41,31 @@ def all_to_all_autograd(
 ) -> Tensor:
     """`all_to_all` whose backward sends gradients back the same way, multiplied by ``grad_scale``."""
     return _AllToAll.apply(x, list(out_splits), list(in_splits), pg, grad_scale)
+
+
+class _LocalPart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, splits: list[int], pg: dist.ProcessGroup) -> Tensor:
+        ctx.splits, ctx.pg = splits, pg
+        rank = dist.get_rank(pg)
+        start = sum(splits[:rank])
+        return x[start:start + splits[rank]]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        world = dist.get_world_size(ctx.pg)
+        mine = ctx.splits[dist.get_rank(ctx.pg)]
+        full = all_to_all(grad.contiguous().repeat(world, *([1] * (grad.dim() - 1))), ctx.splits, [mine] * world, ctx.pg)
+        return full.div_(world), None, None
+
+
+def local_part(x: Tensor, splits: Sequence[int], pg: dist.ProcessGroup) -> Tensor:
+    """This rank's rows of ``x``, which every rank computed in full (rows grouped by rank, ``splits``).
+
+    Backward gathers every rank's gradient of its part and divides by the world size, so every
+    replica receives the same gradient: the rank average, as DDP gives dense parameters.
+    """
+    return _LocalPart.apply(x, list(splits), pg)
 
 
 def gather_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Tensor:

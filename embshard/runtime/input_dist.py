@@ -1,8 +1,9 @@
 """Input dist: ship each slot's ids to the rank holding its shard and hand every local
 kernel its ids in FBGEMM's layout.
 
-Two all-to-alls per step and collection: lengths of every slot, then ids (per-id weights
-travel in the same message, bit-packed next to the ids). Pooled kernels see their slots
+Per step and collection, after the header all-gather (batch sizes and a failure flag, see
+comm.py): two all-to-alls, lengths of every slot, then ids (per-id weights travel in the
+same message, bit-packed next to the ids). Pooled kernels see their slots
 feature-major, each with the bags of all ranks in rank order (B_global = sum of batch
 sizes). Sequence kernels see each slot's ids (one per bag) grouped by source rank, and
 give their rows back grouped by source rank (see lookup.py), ready for the way back.
@@ -55,6 +56,9 @@ class InputDist:
         self.num_local_slots = self.slots_per_rank[routing.rank]
         self.regrouper = Regrouper(self.num_local_slots, device)
         self.dest_of_slot = torch.tensor([s.rank for s in routing.send_slots], dtype=torch.int64, device=device)
+        S, W = self.num_local_slots, routing.world_size
+        # (source rank, slot) segments in (slot, source rank) order, for sequence kernels
+        self.slot_major = torch.tensor([r * S + s for s in range(S) for r in range(W)], dtype=torch.int32, device=device)
 
     def __call__(self, batch: Batch, batch_sizes: tuple[int, ...]) -> Received:
         r, W = self.routing, self.routing.world_size
@@ -86,7 +90,7 @@ class InputDist:
         if len(kernels) == 1:
             return (KernelInput(values, offsets, weights),)
         bags = sum(batch_sizes)
-        cuts = offsets[torch.tensor([k.slot_start * bags for k in kernels] + [kernels[-1].slot_end * bags])].tolist()
+        cuts = offsets[torch.tensor([k.slot_start * bags for k in kernels] + [kernels[-1].slot_end * bags], device=self.device)].tolist()
         return tuple(
             KernelInput(values[lo:hi], offsets[k.slot_start * bags: k.slot_end * bags + 1] - lo,
                         None if weights is None else weights[lo:hi])
@@ -101,7 +105,7 @@ class InputDist:
         # Ids per (source rank, slot) segment: source r's block holds S x B_r bags.
         starts = [sum(S * b for b in batch_sizes[:r]) + s * batch_sizes[r] for r in range(W) for s in range(S)]
         counts_RS = _cumsum0(lengths)[torch.tensor(starts + [S * sum(batch_sizes)], device=self.device)].diff()
-        counts_SR, values_SR, _ = torch.ops.fbgemm.permute_1D_sparse_data(self._slot_major(W), counts_RS, values, None)
+        counts_SR, values_SR, _ = torch.ops.fbgemm.permute_1D_sparse_data(self.slot_major, counts_RS, values, None)
         counts = counts_SR.view(S, W).tolist()
         inputs, floats_RK, start = [], [[0] * len(kernels) for _ in range(W)], 0
         for j, k in enumerate(kernels):
@@ -112,8 +116,3 @@ class InputDist:
             for r in range(W):
                 floats_RK[r][j] = sum(c[r] * slot.num_cols for c, slot in zip(per_slot, k.slots))
         return tuple(inputs), tuple(tuple(f) for f in floats_RK)
-
-    def _slot_major(self, world_size: int) -> Tensor:
-        """Permutation of (source rank, slot) segments into (slot, source rank) order."""
-        S = self.num_local_slots
-        return torch.tensor([r * S + s for s in range(S) for r in range(world_size)], dtype=torch.int32, device=self.device)

@@ -2,9 +2,7 @@
 
 `FbgemmKernel` wraps FBGEMM's table-batched kernel (one call looks up every block it
 holds). `TorchKernel` does the same in torch ops for what FBGEMM cannot run on this
-device (adam on CPU) and for data-parallel replicas, whose gradients are summed over
-ranks (exchanging hit rows, or one dense all-reduce) and divided by the world size before
-the update.
+device (adam on CPU, widths that are not multiples of 4), with the same update formulas.
 
 Pooled kernels take FBGEMM's input layout, ``indices`` of T features x B bags and
 ``offsets`` [T*B+1], and return [B, sum of widths]. Sequence kernels (one width each) take
@@ -21,7 +19,6 @@ import zlib
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
@@ -33,7 +30,6 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor, nn
 
-from embshard.runtime.comm import all_to_all
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state, state_shapes
 from embshard.runtime.routing import KernelSpec
 
@@ -121,18 +117,14 @@ class FbgemmKernel(nn.Module):
 
 
 class TorchKernel(nn.Module):
-    """Same contract as `FbgemmKernel`, in torch ops, for blocks of one width.
-
-    reduce_pg: for data-parallel replicas, the group whose ranks hold the same replica;
-    gradients are summed over it and divided by its size before the update.
-    """
+    """Same contract as `FbgemmKernel`, in torch ops, for blocks of one width."""
 
     def __init__(self, spec: KernelSpec, pooled: bool, dtypes: Sequence[str], config: OptimizerConfig,
-                 device: torch.device, reduce_pg: dist.ProcessGroup | None = None) -> None:
+                 device: torch.device) -> None:
         super().__init__()
         assert len({b.num_cols for b in spec.blocks}) == 1, "the torch kernel holds blocks of one width"
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
-        self.pooled, self.optimizer, self.config, self.reduce_pg = pooled, spec.optimizer, config, reduce_pg
+        self.pooled, self.optimizer, self.config = pooled, spec.optimizer, config
         self.learning_rate = config.learning_rate
         self.dim = spec.blocks[0].num_cols
         self.num_rows = [b.num_rows for b in spec.blocks]
@@ -167,46 +159,12 @@ class TorchKernel(nn.Module):
         self.learning_rate = learning_rate
 
     def update(self, rows_N: Tensor, grad_ND: Tensor) -> None:
-        """Sum the per-id gradients by row (over ranks for replicas) and apply the optimizer."""
-        rows, grad = _sum_by_row(rows_N, grad_ND)
-        if self.reduce_pg is not None:
-            rows, grad = self._reduce_replicas(rows, grad)
+        """Sum the per-id gradients by row and apply the optimizer to those rows."""
+        rows, inverse = torch.unique(rows_N, return_inverse=True)
+        grad = grad_ND.new_zeros(rows.numel(), self.dim).index_add_(0, inverse, grad_ND)
         self.step += 1
         with torch.no_grad():
             apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, int(self.step))
-
-    def _reduce_replicas(self, rows: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-        """Rows any rank hit, with the sum of every rank's gradient divided by the world size.
-
-        Every rank gets the same inputs in the same order, so replicas stay identical. On CPU,
-        when the hit rows of all ranks are fewer than the table's rows, ranks swap their
-        (row, gradient) lists; otherwise one dense all-reduce (deterministic, as GPUs need).
-        """
-        pg, world = self.reduce_pg, dist.get_world_size(self.reduce_pg)
-        sizes = rows.new_empty(world)
-        dist.all_gather_into_tensor(sizes, rows.new_tensor([rows.numel()]), group=pg)
-        sizes = sizes.tolist()
-        total_rows = self.weight.shape[0]
-        if self.weight.device.type == "cpu" and sum(sizes) < total_rows:
-            # Row ids ride along as raw bits in two float32 columns: one all-to-all, any row count.
-            packed = torch.cat([grad, rows.view(torch.float32).view(-1, 2)], dim=1)
-            received = all_to_all(packed.repeat(world, 1), sizes, [rows.numel()] * world, pg)
-            all_rows = received[:, self.dim:].contiguous().view(torch.int64).view(-1)
-            rows, grad = _sum_by_row(all_rows, received[:, : self.dim])
-        else:
-            flat = grad.new_zeros(total_rows * (self.dim + 1))
-            dense = flat[: total_rows * self.dim].view(total_rows, self.dim).index_copy_(0, rows, grad)
-            hit = flat[total_rows * self.dim:].index_fill_(0, rows, 1.0)
-            dist.all_reduce(flat, group=pg)
-            rows = hit.nonzero().squeeze(1)
-            grad = dense.index_select(0, rows)
-        return rows, grad.div_(world)
-
-
-def _sum_by_row(rows_N: Tensor, grad_ND: Tensor) -> tuple[Tensor, Tensor]:
-    """Sorted unique rows [U] and their summed gradients [U, D]."""
-    rows, inverse = torch.unique(rows_N, return_inverse=True)
-    return rows, grad_ND.new_zeros(rows.numel(), grad_ND.shape[1]).index_add_(0, inverse, grad_ND)
 
 
 class _TorchLookup(torch.autograd.Function):

@@ -12,6 +12,8 @@ world size (DDP's average; see collection.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -21,7 +23,39 @@ from embshard.runtime.features import Batch
 from embshard.runtime.input_dist import Received
 from embshard.runtime.routing import Routing
 
-QUAD = 4  # every width and column offset is a multiple of 4: place 4-float units
+
+def _unit(*sizes: int) -> int:
+    """Largest block of floats that every moved piece is made of (widths and offsets are multiples of it)."""
+    return math.gcd(*sizes) or 1
+
+
+class _Permute(torch.autograd.Function):
+    """``x[perm]`` for a permutation of rows; backward gathers with the inverse (no zero-filled scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def _inverse(perm: Tensor) -> Tensor:
+    return torch.empty_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
+
+
+def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tuple[int, ...], ...]) -> Tensor:
+    """Sequence kernels' flat outputs, each [source][slot], interleaved into one [source][kernel][slot]."""
+    if len(kernel_outputs) == 1:
+        return kernel_outputs[0]
+    starts = [[0] * len(kernel_outputs)]
+    for counts in floats_per_source_kernel:
+        starts.append([a + c for a, c in zip(starts[-1], counts)])
+    return torch.cat([out[starts[src][k]:starts[src + 1][k]]
+                      for src in range(len(floats_per_source_kernel)) for k, out in enumerate(kernel_outputs)])
 
 
 class PooledOutputDist:
@@ -30,30 +64,41 @@ class PooledOutputDist:
         feats = routing.features
         cols = [torch.arange(feats[s.feature].col_offset + s.col_offset, feats[s.feature].col_offset + s.col_offset + s.num_cols)
                 for slots in routing.slots_by_rank for s in slots]
-        cols += [torch.arange(feats[s.feature].col_offset, feats[s.feature].col_offset + s.num_cols) for s in routing.dp_slots]
+        replica_slots = routing.replicas.slots_by_rank[routing.rank] if routing.replicas else ()
+        cols += [torch.arange(feats[s.feature].col_offset, feats[s.feature].col_offset + s.num_cols) for s in replica_slots]
         self.target_cols = (torch.cat(cols) if cols else torch.zeros(0, dtype=torch.int64)).to(device)
         self.sharded = bool(routing.send_slots)
         self.widths = [routing.slot_width(r) for r in range(routing.world_size)]
-        self.dp_widths = [sum(s.num_cols for s in k.slots) for k in routing.dp_kernels]
+        self.replica_widths = [sum(s.num_cols for s in replica_slots)] if replica_slots else []
         self.mean_cols = torch.tensor([f.mean for f in feats for _ in range(f.dim)], device=device)
         self.col_feature = torch.tensor([i for i, f in enumerate(feats) for _ in range(f.dim)], device=device)
-        self._index_cache: dict[int, Tensor] = {}
+        # Without row-wise partial sums every output column comes from exactly one source column,
+        # and runs of `unit` columns move together.
+        self.one_to_one = torch.equal(self.target_cols.sort().values, torch.arange(routing.output_dim, device=device))
+        slots = [*routing.send_slots, *replica_slots]
+        self.unit = _unit(routing.output_dim, *self.widths, *self.replica_widths,
+                          *(s.num_cols for s in slots), *(feats[s.feature].col_offset + s.col_offset for s in slots))
+        self._index_cache: dict[int, tuple[Tensor, Tensor]] = {}
 
-    def _scatter_index(self, batch_size: int) -> Tensor:
-        """Flat target in [B, D] of every source element: blocks [B, width] by sending rank, then by replica kernel."""
+    def _scatter_index(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        """Target in [B, D] of every source run of `unit` floats (blocks [B, width] by sending rank, then
+        the replicas' block), and its inverse when the map is one-to-one."""
         if batch_size not in self._index_cache:
-            D = self.routing.output_dim
-            rows = torch.arange(batch_size, device=self.device).unsqueeze(1) * D
+            u = self.unit
+            rows = torch.arange(batch_size, device=self.device).unsqueeze(1) * (self.routing.output_dim // u)
+            cols = self.target_cols[::u] // u
             parts, start = [], 0
-            for width in [*self.widths, *self.dp_widths]:
-                parts.append((rows + self.target_cols[start:start + width].unsqueeze(0)).flatten())
-                start += width
-            self._index_cache[batch_size] = torch.cat(parts)
+            for width in [*self.widths, *self.replica_widths]:
+                parts.append((rows + cols[start:start + width // u].unsqueeze(0)).flatten())
+                start += width // u
+            index = torch.cat(parts)
+            self._index_cache[batch_size] = (index, _inverse(index) if self.one_to_one else index)
         return self._index_cache[batch_size]
 
-    def __call__(self, kernel_outputs: list[Tensor], dp_outputs: list[Tensor], batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
+    def __call__(self, kernel_outputs: list[Tensor], replica_rows: Tensor | None, batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
+        """replica_rows: [B, width] this rank's rows of the data-parallel features (see comm.local_part)."""
         r, B, D = self.routing, batch.batch_size, self.routing.output_dim
-        pieces = [o.reshape(-1) for o in dp_outputs]
+        pieces = [] if replica_rows is None else [replica_rows.reshape(-1)]
         if self.sharded:
             # A rank without shards still joins the backward all-to-all: its empty input needs a gradient.
             local = kernel_outputs[0] if len(kernel_outputs) == 1 else torch.cat(kernel_outputs, dim=1) if kernel_outputs \
@@ -62,7 +107,11 @@ class PooledOutputDist:
             pieces.insert(0, all_to_all_autograd(local.reshape(-1), [B * w for w in self.widths],
                                                  [b * my_width for b in batch_sizes], self.pg, grad_scale=1.0 / r.world_size))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        out = torch.zeros(B * D, device=self.device).index_add(0, self._scatter_index(B), source).view(B, D)
+        index, inverse = self._scatter_index(B)
+        if self.one_to_one:
+            out = _Permute.apply(source.view(-1, self.unit), inverse, index).view(B, D)
+        else:  # row-wise partial sums add up
+            out = torch.zeros(B * D // self.unit, self.unit, device=self.device).index_add(0, index, source.view(-1, self.unit)).view(B, D)
         if bool(self.mean_cols.any()):
             lengths_BF = batch.lengths_FB.view(-1, B).t().clamp(min=1).to(out.dtype)
             scale = torch.where(self.mean_cols, 1.0 / lengths_BF[:, self.col_feature], torch.ones((), device=self.device))
@@ -75,53 +124,50 @@ class SequenceOutputDist:
         self.routing, self.pg, self.device = routing, pg, device
         feats = routing.features
         send = routing.send_slots
-        self.slot_width_q = torch.tensor([s.num_cols // QUAD for s in send], dtype=torch.int64, device=device)
-        self.slot_col_q = torch.tensor([s.col_offset // QUAD for s in send], dtype=torch.int64, device=device)
+        # Rows move in runs of `unit` floats: a whole row unless column shards cut it.
+        self.unit = u = _unit(*(s.num_cols for s in send), *(s.col_offset for s in send),
+                              *(f.dim for f in feats if not f.data_parallel))
+        self.slot_width_u = torch.tensor([s.num_cols // u for s in send], dtype=torch.int64, device=device)
+        self.slot_col_u = torch.tensor([s.col_offset // u for s in send], dtype=torch.int64, device=device)
         self.slot_width = torch.tensor([s.num_cols for s in send], dtype=torch.int64, device=device)
         self.dest_of_slot = torch.tensor([s.rank for s in send], dtype=torch.int64, device=device)
-        self.uniform_width_q = len({s.num_cols for s in send}) == 1
-        self.feature_dim_q = torch.tensor([0 if f.data_parallel else f.dim // QUAD for f in feats], dtype=torch.int64, device=device)
+        self.uniform_width = len({s.num_cols for s in send}) == 1
+        self.feature_dim_u = torch.tensor([0 if f.data_parallel else f.dim // u for f in feats], dtype=torch.int64, device=device)
 
     def __call__(self, kernel_outputs: list[Tensor], received: Received, batch: Batch) -> Tensor:
         """Returns the sharded features' embeddings, flat: feature f's rows [N_f, dim_f] one after another."""
         r, W = self.routing, self.routing.world_size
         per_source = received.floats_per_source_kernel
-        if len(kernel_outputs) == 1:
-            local = kernel_outputs[0]
-        elif kernel_outputs:  # each kernel's output is [source][slot]: interleave the kernels by source
-            starts = [[0] * len(kernel_outputs)]
-            for counts in per_source:
-                starts.append([a + c for a, c in zip(starts[-1], counts)])
-            local = torch.cat([kernel_outputs[k][starts[src][k]:starts[src + 1][k]]
-                               for src in range(W) for k in range(len(kernel_outputs))])
+        if kernel_outputs:
+            local = by_source(kernel_outputs, per_source)
         else:  # no shards here; still join the backward all-to-all
             local = torch.zeros(0, device=self.device, requires_grad=True)
         in_splits = [sum(counts) for counts in per_source] if kernel_outputs else [0] * W
         sent = received.sent_ids_per_slot
         out_splits = torch.zeros(W, dtype=torch.int64, device=self.device).index_add_(0, self.dest_of_slot, sent * self.slot_width).tolist()
-        rows = all_to_all_autograd(local, out_splits, in_splits, self.pg, grad_scale=1.0 / W).view(-1, QUAD)
-        index = self._quad_index(received, batch)
-        total_q = int((batch.lengths_FB.view(len(r.features), -1).sum(1) * self.feature_dim_q).sum())
-        return torch.zeros(total_q, QUAD, device=self.device).index_copy(0, index, rows).view(-1)
+        rows = all_to_all_autograd(local, out_splits, in_splits, self.pg, grad_scale=1.0 / W).view(-1, self.unit)
+        # Every piece of the sharded features' rows arrives exactly once: a permutation puts them in place.
+        index = self._target_index(received, batch)
+        return _Permute.apply(rows, _inverse(index), index).view(-1)
 
-    def _quad_index(self, received: Received, batch: Batch) -> Tensor:
-        """Target quad of every received quad: rows in send order, each at its id's place."""
+    def _target_index(self, received: Received, batch: Batch) -> Tensor:
+        """Target piece of every received piece: rows in send order, each at its id's place."""
         F = len(self.routing.features)
         counts_F = batch.lengths_FB.view(F, -1).sum(1)
         first_id_F = torch.cumsum(counts_F, 0) - counts_F
-        quads_F = counts_F * self.feature_dim_q
-        first_quad_F = torch.cumsum(quads_F, 0) - quads_F
+        pieces_F = counts_F * self.feature_dim_u
+        first_piece_F = torch.cumsum(pieces_F, 0) - pieces_F
         feature_N = torch.repeat_interleave(torch.arange(F, device=self.device), counts_F, output_size=batch.values_N.numel())
-        # Quad where id i's row starts: its feature's block, then i's position within the feature.
+        # Piece where id i's row starts: its feature's block, then i's position within the feature.
         ids_N = torch.arange(batch.values_N.numel(), device=self.device)
-        row_start_N = first_quad_F[feature_N] + (ids_N - first_id_F[feature_N]) * self.feature_dim_q[feature_N]
+        row_start_N = first_piece_F[feature_N] + (ids_N - first_id_F[feature_N]) * self.feature_dim_u[feature_N]
         slot_R = torch.repeat_interleave(torch.arange(len(self.routing.send_slots), device=self.device), received.sent_ids_per_slot,
                                          output_size=received.send.positions.numel())
-        start_R = row_start_N[received.send.positions] + self.slot_col_q[slot_R]
-        if self.uniform_width_q:
-            width_q = int(self.slot_width_q[0]) if self.slot_width_q.numel() else 0
-            return (start_R.unsqueeze(1) + torch.arange(width_q, device=self.device)).reshape(-1)
-        width_R = self.slot_width_q[slot_R]
+        start_R = row_start_N[received.send.positions] + self.slot_col_u[slot_R]
+        if self.uniform_width:
+            width_u = int(self.slot_width_u[0]) if self.slot_width_u.numel() else 0
+            return (start_R.unsqueeze(1) + torch.arange(width_u, device=self.device)).reshape(-1)
+        width_R = self.slot_width_u[slot_R]
         first_R = torch.cumsum(width_R, 0) - width_R
         total = int(width_R.sum())
         return torch.repeat_interleave(start_R - first_R, width_R, output_size=total) + torch.arange(total, device=self.device)

@@ -4,7 +4,9 @@ A *slot* is one feature's view of one shard: the ids a rank sends to the shard's
 The sharding types differ only in how a table's shards turn into slots:
 table_wise gives one slot per feature, column_wise/table_column_wise one per column shard
 (each receives every id), row_wise/table_row_wise one per row block (each receives the
-ids in its rows, re-based to the block). data_parallel features never leave the rank.
+ids in its rows, re-based to the block). data_parallel features get a second routing,
+`Routing.replicas`, with one slot per feature on every rank: each replica looks up the
+global batch, keeps its own rows, and applies the same update as every other replica.
 On its destination, a slot belongs to one rank-local kernel (grouped by implementation,
 optimizer and, except for FBGEMM's pooled kernel, width); slots are ordered by kernel so
 that every kernel reads a contiguous range.
@@ -75,8 +77,8 @@ class Routing:
     pooled: bool
     features: tuple[FeatureInfo, ...]
     slots_by_rank: tuple[tuple[Slot, ...], ...]  # slots each rank looks up, in kernel order
-    kernels: tuple[KernelSpec, ...]  # this rank's sharded kernels
-    dp_kernels: tuple[KernelSpec, ...]  # this rank's data-parallel replicas (same on every rank)
+    kernels: tuple[KernelSpec, ...]  # this rank's kernels
+    replicas: "Routing | None"  # data-parallel features: every rank looks up every rank's ids
     num_buckets: int  # row blocks of the most split row-wise table (1 when none)
     bucket_bounds: tuple[tuple[int, ...], ...]  # per feature: num_buckets + 1 row boundaries
 
@@ -94,10 +96,6 @@ class Routing:
 
     def slot_width(self, rank: int) -> int:
         return sum(s.num_cols for s in self.slots_by_rank[rank])
-
-    @property
-    def dp_slots(self) -> tuple[Slot, ...]:
-        return tuple(s for k in self.dp_kernels for s in k.slots)
 
     @property
     def has_row_wise(self) -> bool:
@@ -179,10 +177,26 @@ def build_routing(
 
     def kernel_key(slot: Slot) -> tuple[str, str, int]:
         optimizer = by_name[slot.table].optimizer
-        impl = "fbgemm" if optimizer in fbgemm_optimizers else "torch"
+        # Only replicas can have widths FBGEMM rejects (check_plan guards the shards).
+        impl = "fbgemm" if optimizer in fbgemm_optimizers and slot.num_cols % COL_ALIGN == 0 else "torch"
         # FBGEMM's pooled kernel mixes widths; sequence kernels and the torch kernel do not.
         return impl, optimizer, (0 if impl == "fbgemm" and pooled else slot.num_cols)
 
+    slots_by_rank, kernels = _order_by_kernel(slots, rank, world_size, kernel_key)
+    dp_features = [i for i, f in enumerate(features) if f.data_parallel]
+    replicas = None
+    if dp_features:
+        # Every rank sends its data-parallel features to every rank: each replica sees the global batch.
+        copies = [Slot(i, features[i].table, r, 0, 0, features[i].num_embeddings, 0, features[i].dim)
+                  for r in range(world_size) for i in dp_features]
+        replica_slots, replica_kernels = _order_by_kernel(copies, rank, world_size, kernel_key)
+        replicas = Routing(rank, world_size, pooled, tuple(features), replica_slots, replica_kernels, None, 1,
+                           tuple((0, f.num_embeddings) for f in features))
+    return Routing(rank, world_size, pooled, tuple(features), slots_by_rank, kernels, replicas, num_buckets, bucket_bounds)
+
+
+def _order_by_kernel(slots: list[Slot], rank: int, world_size: int, kernel_key) -> tuple[tuple[tuple[Slot, ...], ...], tuple[KernelSpec, ...]]:
+    """Each rank's slots ordered by kernel, and this rank's kernels."""
     slots_by_rank = []
     kernels: list[KernelSpec] = []
     for r in range(world_size):
@@ -194,15 +208,7 @@ def build_routing(
                 kernels.append(_kernel(key, served, len(ordered)))
             ordered.extend(served)
         slots_by_rank.append(tuple(ordered))
-    dp_kernels: list[KernelSpec] = []
-    dp_slots = [Slot(i, f.table, rank, 0, 0, f.num_embeddings, 0, f.dim) for i, f in enumerate(features) if f.data_parallel]
-    start = 0
-    for key in sorted({(by_name[s.table].optimizer, s.num_cols) for s in dp_slots}):
-        served = [s for s in dp_slots if (by_name[s.table].optimizer, s.num_cols) == key]
-        dp_kernels.append(_kernel(("torch", key[0], key[1]), served, start))
-        start += len(served)
-    return Routing(rank, world_size, pooled, tuple(features), tuple(slots_by_rank), tuple(kernels),
-                   tuple(dp_kernels), num_buckets, bucket_bounds)
+    return tuple(slots_by_rank), tuple(kernels)
 
 
 def _kernel(key: tuple[str, str, int], served: list[Slot], slot_start: int) -> KernelSpec:
