@@ -12,27 +12,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from embshard.planner.cost.perf import data_parallel_perf, fixed_perf, holder_perf, rank_perf, requester_perf
+from embshard.planner.cost.perf import data_parallel_perf, fixed_perf, holder_perf, num_kernel_calls, rank_perf, requester_perf
 from embshard.planner.plan import TablePlacement
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
-
-
-def kernel_calls(specs: Sequence[TableSpec], placements: Sequence[TablePlacement], rank: int) -> int:
-    """Lookup kernels a rank runs per step, grouped as the runtime groups them: pooled FBGEMM
-    shards by optimizer, sequence shards by (optimizer, width), replicas by (optimizer, dim)."""
-    by_name = {s.name: s for s in specs}
-    kernels = set()
-    for t in placements:
-        spec = by_name[t.name]
-        if t.sharding_type is ShardingType.DATA_PARALLEL:
-            kernels.add(("dp", spec.pooled, spec.optimizer, spec.embedding_dim))
-            continue
-        for s in t.shards:
-            if s.rank == rank:
-                kernels.add(("sharded", spec.pooled, spec.optimizer, 0 if spec.pooled else s.num_cols))
-    return len(kernels)
 
 
 def predict_ranks(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement]) -> list[Perf]:
@@ -50,5 +34,5 @@ def predict_ranks(specs: Sequence[TableSpec], topology: Topology, placements: Se
         for s in t.shards:
             held[s.rank] = held[s.rank] + holder_perf(spec, topology, t.sharding_type, s.num_rows, s.num_cols, k)
     num_collections = len({s.pooled for s in specs})
-    return [rank_perf(held[r], requester, every, fixed_perf(topology, num_collections, kernel_calls(specs, placements, r)), topology)
+    return [rank_perf(held[r], requester, every, fixed_perf(topology, num_collections, num_kernel_calls(specs, placements, r)), topology)
             for r in range(W)]

@@ -45,6 +45,7 @@ side instead of their max.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
@@ -214,6 +215,23 @@ def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
 def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
     """Calibrated fixed cost of one collective: collective_ms per step and peer rank."""
     return topo.collective_ms * steps_per_peer * (topo.world_size - 1)
+
+
+def num_kernel_calls(specs: Sequence[TableSpec], placements: Sequence, rank: int) -> int:
+    """Lookup kernels a rank runs per step (placements: TablePlacement-like), grouped as the
+    runtime groups them: pooled sharded blocks by optimizer, sequence blocks by (optimizer,
+    width), data-parallel replicas (on every rank) by (optimizer, dim)."""
+    by_name = {s.name: s for s in specs}
+    kernels = set()
+    for t in placements:
+        spec = by_name[t.name]
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            kernels.add(("dp", spec.pooled, spec.optimizer, spec.embedding_dim))
+            continue
+        for s in t.shards:
+            if s.rank == rank:
+                kernels.add(("sharded", spec.pooled, spec.optimizer, 0 if spec.pooled else s.num_cols))
+    return len(kernels)
 
 
 def fixed_perf(topo: Topology, num_collections: int, num_kernel_calls: int) -> Perf:

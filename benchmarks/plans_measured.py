@@ -1,0 +1,275 @@
+"""Are embshard's plans faster when run? embshard vs TorchRec's planner vs a greedy baseline, measured.
+
+    .venv/bin/python benchmarks/plans_measured.py --profile cpu_gloo_measured
+
+Three pooled workloads sized for 4 CPU ranks (batch 512 per rank): "dlrm_like" (generated:
+bench_tables(16, seed=11)), "hot_tables" (4 small tables read by 40 ids per sample, 6 big
+tables read once, 10 light ones: where bytes and work disagree) and "criteo_like" (26 one-hot
+features, Criteo Kaggle's row counts capped at 300,000, dim 64). Plans:
+- embshard: `embshard.planner.plan` on the calibrated profile (topology=PROFILE, 4 ranks);
+- TorchRec: its EmbeddingShardingPlanner (CPU compute device, so table_wise, column_wise,
+  table_column_wise or data_parallel, given the profile's bandwidths through
+  `to_torchrec_topology`, run in a subprocess as benchmarks/planner_vs_torchrec.py does),
+  imported with `from_torchrec_plan` and run on embshard's runtime, so only placement differs;
+  and the same plan through TorchRec's own DistributedModelParallel (DMP);
+- greedy: tables by size (weights + optimizer state), largest first, table_wise on the rank
+  holding the fewest bytes so far.
+Every plan runs on 4 local gloo ranks; a rank's step (forward + backward + fused update) is
+measured as its process's CPU time (median of --steps steps), and the step time of a plan is
+its slowest rank's: what the step takes on one core per rank (4 ranks share 2 cores here,
+so wall-clock per step is also reported but measures the machine, not the plan). Rounds
+alternate the plans (--rounds); the median round counts. Results: a section of
+benchmarks/results/cost_model.md and --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from embshard.calibrate.measure import measure_plans  # noqa: E402
+from embshard.calibrate.predict import predict_ranks  # noqa: E402
+from embshard.calibrate.synthetic import bench_tables  # noqa: E402
+from embshard.planner import ShardingPlan, evaluate, manual_plan, plan  # noqa: E402
+from embshard.specs import TableSpec, load_tables_file  # noqa: E402
+from embshard.topology import Topology  # noqa: E402
+
+W, BATCH, HBM_GIB, LR = 4, 512, 4.0, 0.01
+PLANNERS = ("embshard", "torchrec", "greedy")
+
+
+def workloads() -> dict[str, tuple[TableSpec, ...]]:
+    # small tables read by many ids per sample, big tables read once: bytes and work disagree
+    hot = [TableSpec(f"hot{i}", 20_000, 64, 40.0) for i in range(4)]
+    hot += [TableSpec(f"cold{i}", 500_000, 32, 1.0) for i in range(6)]
+    hot += [TableSpec(f"light{i}", 1_000 * (i + 1), 16, 2.0) for i in range(10)]
+    criteo, _ = load_tables_file(REPO / "configs" / "tables" / "criteo_kaggle.yaml")
+    criteo_like = tuple(TableSpec(s.name, min(s.num_embeddings, 300_000), 64, 1.0, feature_names=s.feature_names) for s in criteo)
+    return {"dlrm_like": bench_tables(16, seed=11, max_rows=300_000), "hot_tables": tuple(hot), "criteo_like": criteo_like}
+
+
+def profile_topology(name: str) -> Topology:
+    raw = yaml.safe_load((REPO / "configs" / "topology" / f"{name}.yaml").read_text())
+    return Topology.from_dict({**raw, "world_size": W, "local_world_size": W, "batch_size_per_rank": BATCH, "hbm_gib": HBM_GIB})
+
+
+def greedy_plan(specs, topo: Topology) -> ShardingPlan:
+    size = {s.name: s.num_embeddings * (s.embedding_dim * s.element_bytes + s.optimizer_state_bytes_per_row(s.embedding_dim)) for s in specs}
+    held = [0] * topo.world_size
+    layout = {}
+    for s in sorted(specs, key=lambda s: -size[s.name]):
+        r = min(range(topo.world_size), key=lambda r: (held[r], r))
+        held[r] += size[s.name]
+        layout[s.name] = ("table_wise", [r])
+    return manual_plan(specs, topo, layout)
+
+
+def torchrec_plan(specs, topo: Topology, search_s: int) -> ShardingPlan:
+    from planner_vs_torchrec import run_torchrec
+
+    out = run_torchrec(tuple(specs), topo, limit_s=600, search_s=search_s)
+    if out["status"] != "ok":
+        raise RuntimeError(f"TorchRec planner: {out['status']}: {out.get('detail', '')}")
+    return evaluate(specs, topo, ShardingPlan.from_dict(out["plan"]).tables)
+
+
+# ---- TorchRec DMP on local ranks ---------------------------------------------------------------
+def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torch import nn
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from embshard.calibrate.synthetic import synthetic_batch
+    from embshard.interop.torchrec import to_torchrec_plan
+
+    torch.set_num_threads(1)
+    job = json.loads(Path(job_path).read_text())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
+                            timeout=datetime.timedelta(seconds=600))
+    results = []
+    for raw in job["plans"]:
+        p = ShardingPlan.from_dict(raw)
+
+        class Wrapper(nn.Module):
+            def __init__(self, emb):
+                super().__init__()
+                self.emb = emb
+
+            def forward(self, kjt):
+                return self.emb(kjt)
+
+        ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=s.name, num_embeddings=s.num_embeddings, embedding_dim=s.embedding_dim,
+                                                                feature_names=list(s.feature_names)) for s in p.specs], device=torch.device("meta"))
+        fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR, "eps": 1e-8}
+        dmp = DistributedModelParallel(Wrapper(ebc), env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+                                       plan=to_torchrec_plan(p, "emb"), sharders=[EmbeddingBagCollectionSharder(fused_params=fused)])
+        fused_names = set(dmp.fused_optimizer.params)
+        dense = [q for n, q in dmp.named_parameters() if q.requires_grad and q.dim() == 2 and n not in fused_names]
+        dense_opt = RowWiseAdagrad(dense, lr=LR) if dense else None
+        gen = torch.Generator().manual_seed(rank)
+        batches = [synthetic_batch(p.specs, BATCH, gen) for _ in range(3)]
+        cpu = []
+        for i in range(job["warmup"] + job["steps"]):
+            c0 = time.process_time()
+            out = dmp(batches[i % 3])
+            out.values().backward(torch.ones_like(out.values()))
+            if dense_opt is not None:
+                dense_opt.step()
+                dense_opt.zero_grad()
+            if i >= job["warmup"]:
+                cpu.append((time.process_time() - c0) * 1e3)
+        results.append(statistics.median(cpu))
+        del dmp
+        dist.barrier()
+    Path(out_path).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def measure_dmp(plans: list[ShardingPlan], steps: int, warmup: int) -> list[list[float]]:
+    """Per plan, per rank median CPU ms per step through TorchRec's DMP."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup}))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, __file__, "--dmp-rank", str(r), str(port), str(job), str(Path(tmp) / f"r{r}.json")],
+                                  env=env) for r in range(W)]
+        codes = [p.wait(timeout=3600) for p in procs]
+        if any(codes):
+            raise RuntimeError(f"DMP ranks failed: exit codes {codes}")
+        per_rank = [json.loads((Path(tmp) / f"r{r}.json").read_text()) for r in range(W)]
+    return [[per_rank[r][i] for r in range(W)] for i in range(len(plans))]
+
+
+# ---- driver --------------------------------------------------------------------------------------
+def layout_mix(p: ShardingPlan) -> str:
+    short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW", "table_row_wise": "TWRW", "table_column_wise": "TWCW"}
+    counts: dict[str, int] = {}
+    for t in p.tables:
+        counts[short[t.sharding_type.value]] = counts.get(short[t.sharding_type.value], 0) + 1
+    return " ".join(f"{k}{v}" for k, v in sorted(counts.items()))
+
+
+def run(args: argparse.Namespace) -> dict:
+    topo = profile_topology(args.profile)
+    t0, load_start = time.time(), os.getloadavg()
+    cases = {}
+    for name, specs in workloads().items():
+        print(f"planning {name}", flush=True)
+        plans = {"embshard": plan(specs, topo, time_budget_s=args.embshard_budget_s),
+                 "torchrec": torchrec_plan(specs, topo, args.torchrec_search_s),
+                 "greedy": greedy_plan(specs, topo)}
+        cases[name] = {"plans": plans, "rounds": {k: [] for k in PLANNERS}, "wall": {k: [] for k in PLANNERS}, "dmp": []}
+    for rnd in range(args.rounds):
+        order = PLANNERS if rnd % 2 == 0 else PLANNERS[::-1]
+        flat = [(name, k, cases[name]["plans"][k]) for name in cases for k in order]
+        print(f"round {rnd + 1}/{args.rounds}: {len(flat)} plans on {W} ranks", flush=True)
+        for (name, k, _), m in zip(flat, measure_plans([p for _, _, p in flat], steps=args.steps, warmup=args.warmup, timeout_s=3600)):
+            cases[name]["rounds"][k].append([r.cpu_ms["total_ms"] for r in m.ranks])
+            cases[name]["wall"][k].append(m.step_wall_ms)
+    if not args.skip_dmp:
+        print("TorchRec DMP on the TorchRec plans", flush=True)
+        for rnd in range(args.rounds):
+            for name, per_rank in zip(cases, measure_dmp([cases[n]["plans"]["torchrec"] for n in cases], args.steps, args.warmup)):
+                cases[name]["dmp"].append(per_rank)
+    out = {"cases": {}, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "load_start": load_start,
+           "load_end": os.getloadavg(), "seconds": time.time() - t0}
+    for name, c in cases.items():
+        entry = {}
+        for k in PLANNERS:
+            p = c["plans"][k]
+            maxes = [max(r) for r in c["rounds"][k]]
+            entry[k] = {"measured_max_rank_ms": statistics.median(maxes), "rounds_max_rank_ms": maxes,
+                        "per_rank_ms": c["rounds"][k], "step_wall_ms": statistics.median(c["wall"][k]),
+                        "predicted_max_rank_ms": max(x.total_ms for x in predict_ranks(p.specs, p.topology, p.tables)),
+                        "planner_objective_ms": p.max_rank_ms, "layout": layout_mix(p), "plan": p.to_dict()}
+        if c["dmp"]:
+            entry["torchrec_dmp"] = {"measured_max_rank_ms": statistics.median(max(r) for r in c["dmp"]), "per_rank_ms": c["dmp"]}
+        out["cases"][name] = entry
+    return out
+
+
+def markdown(result: dict, command: str) -> str:
+    lines = [
+        "## Plans measured: embshard vs TorchRec's planner vs greedy, 4 CPU ranks", "",
+        f"Command: `{command}`. Load average {result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end; "
+        f"{result['seconds']:.0f} s. Step time of a plan = its slowest rank's CPU time per step (median of {result['steps']} steps, "
+        f"median of {result['rounds']} alternating rounds), i.e. the step on one core per rank; wall clock with 4 ranks on 2 cores is "
+        "shown for reference. All three plans run on embshard's runtime; TorchRec's plan also through TorchRec's DMP.",
+        "",
+        "| workload | plan | layouts | predicted ms | measured ms (slowest rank, CPU) | vs embshard | rounds | wall ms/step |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+    ]
+    verdicts = []
+    for name, e in result["cases"].items():
+        base = e["embshard"]["measured_max_rank_ms"]
+        for k in PLANNERS:
+            x = e[k]
+            lines.append(f"| {name} | {k} | {x['layout']} | {x['predicted_max_rank_ms']:.1f} | {x['measured_max_rank_ms']:.1f} | "
+                         f"{x['measured_max_rank_ms'] / base:.2f}x | {', '.join(f'{v:.0f}' for v in x['rounds_max_rank_ms'])} | {x['step_wall_ms']:.0f} |")
+        if "torchrec_dmp" in e:
+            d = e["torchrec_dmp"]["measured_max_rank_ms"]
+            lines.append(f"| {name} | TorchRec plan on TorchRec DMP | {e['torchrec']['layout']} | | {d:.1f} | {d / base:.2f}x | | |")
+        others = [e[k]["measured_max_rank_ms"] for k in PLANNERS if k != "embshard"]
+        margin = min(others) / base - 1
+        verdicts.append(f"- {name}: embshard {'fastest' if margin > 0 else 'NOT fastest'} on embshard's runtime "
+                        f"(next best {margin:+.1%} slower)")
+    lines += ["", *verdicts, ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--dmp-rank":
+        dmp_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="cpu_gloo_measured")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--embshard-budget-s", type=float, default=10.0)
+    parser.add_argument("--torchrec-search-s", type=int, default=60)
+    parser.add_argument("--skip-dmp", action="store_true")
+    parser.add_argument("--json", default="benchmarks/results/plans_measured.json")
+    parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
+    parser.add_argument("--from-json")
+    args = parser.parse_args()
+    if not (REPO / "configs" / "topology" / f"{args.profile}.yaml").exists():
+        sys.exit(f"plans_measured: error: no profile configs/topology/{args.profile}.yaml; run embshard-calibrate profile={args.profile}")
+    if args.from_json:
+        result = json.loads(Path(args.from_json).read_text())
+    else:
+        result = run(args)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    from cost_model_accuracy import update_section
+
+    text = markdown(result, f".venv/bin/python benchmarks/plans_measured.py --profile {args.profile}")
+    update_section(Path(args.markdown), "plans", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
