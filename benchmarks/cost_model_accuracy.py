@@ -8,7 +8,8 @@ generated workloads (bench_tables: generate_tables(12, seed) with rows capped at
 pooling factors at 40; seeds 5000-5019, disjoint from the calibration's) run on local gloo
 ranks, 10 plans on 2 ranks and 10 on 4, batch 512 per rank. Each rank's step (forward +
 backward with the fused optimizer) is measured as the CPU time of its process, median of
---steps steps (embshard.calibrate.measure), so 4 ranks on 2 cores are measured per rank.
+--steps steps (embshard.calibrate.measure), so 4 ranks on 2 cores are measured per rank;
+every plan is measured --rounds times in alternating order and the median counts.
 
 Predictions: "before" is the datasheet cpu topology (topology=cpu) scored by
 `embshard.planner.evaluate`; "after" is the calibrated profile scored by
@@ -26,6 +27,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -68,31 +70,61 @@ def metrics(pred: list[float], meas: list[float]) -> dict[str, float]:
             "mean_signed_err": float(np.mean((p - m) / m)), "n": len(p)}
 
 
+def bench_plan(i: int, world_size: int):
+    return random_plan(bench_tables(NUM_TABLES, SEED0 + i), datasheet_topology(world_size), SEED0 + i)
+
+
+def groups(num_plans: int) -> tuple[tuple[int, range], ...]:
+    return ((2, range(0, num_plans // 2)), (4, range(num_plans // 2, num_plans)))
+
+
 def run(args: argparse.Namespace) -> dict:
     t0 = time.time()
     load_start = os.getloadavg()
     rows = []
-    for W, indices in ((2, range(0, args.num_plans // 2)), (4, range(args.num_plans // 2, args.num_plans))):
-        plans = [random_plan(bench_tables(NUM_TABLES, SEED0 + i), datasheet_topology(W), SEED0 + i) for i in indices]
-        print(f"measuring {len(plans)} plans on {W} ranks", flush=True)
-        measured = measure_plans(plans, steps=args.steps, warmup=args.warmup, timeout_s=3600)
-        after_topo = profile_topology(args.profile, W)
-        for i, p, m in zip(indices, plans, measured):
-            before = evaluate(p.specs, datasheet_topology(W), p.tables)
-            after = predict_ranks(p.specs, after_topo, p.tables)
-            after_eval = evaluate(p.specs, after_topo, p.tables)
+    for W, indices in groups(args.num_plans):
+        plans = [bench_plan(i, W) for i in indices]
+        rounds = []
+        for rnd in range(args.rounds):  # alternate the order: slow drifts of the machine's load hit every plan alike
+            order = list(range(len(plans))) if rnd % 2 == 0 else list(range(len(plans)))[::-1]
+            print(f"round {rnd + 1}/{args.rounds}: measuring {len(plans)} plans on {W} ranks", flush=True)
+            measured = measure_plans([plans[j] for j in order], steps=args.steps, warmup=args.warmup, timeout_s=3600)
+            rounds.append({j: m for j, m in zip(order, measured)})
+        for j, (i, p) in enumerate(zip(indices, plans)):
             layout: dict[str, int] = {}
             for t in p.tables:
                 layout[t.sharding_type.value] = layout.get(t.sharding_type.value, 0) + 1
-            for r, rm in enumerate(m.ranks):
-                rows.append({"plan": i, "world_size": W, "rank": r, "layout": layout, "measured_ms": rm.cpu_ms["total_ms"],
-                             "measured_phases_ms": rm.cpu_ms, "wall_ms": rm.wall_ms["total_ms"], "step_wall_ms": m.step_wall_ms,
-                             "before_ms": before.ranks[r].perf.total_ms, "after_ms": after[r].total_ms,
-                             "after_phases_ms": after[r].to_dict(), "after_evaluate_ms": after_eval.ranks[r].perf.total_ms})
-    result = {"rows": rows, "profile": args.profile, "steps": args.steps, "load_start": load_start, "load_end": os.getloadavg(),
+            for r in range(W):
+                per_round = [rd[j].ranks[r] for rd in rounds]
+                med = lambda values: statistics.median(values)  # noqa: E731
+                rows.append({"plan": i, "world_size": W, "rank": r, "layout": layout,
+                             "measured_ms": med([x.cpu_ms["total_ms"] for x in per_round]),
+                             "measured_rounds_ms": [x.cpu_ms["total_ms"] for x in per_round],
+                             "measured_phases_ms": {k: med([x.cpu_ms[k] for x in per_round]) for k in per_round[0].cpu_ms},
+                             "wall_ms": med([x.wall_ms["total_ms"] for x in per_round]),
+                             "step_wall_ms": med([rd[j].step_wall_ms for rd in rounds])})
+    result = {"rows": rows, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "load_start": load_start, "load_end": os.getloadavg(),
               "seconds": time.time() - t0, "cpu": cpu_model(), "cores": os.cpu_count()}
-    result["metrics"] = summarize(rows)
+    predict(result, args.profile)
     return result
+
+
+def predict(result: dict, profile: str) -> None:
+    """Predictions for every measured rank (plans are regenerated from their seeds)."""
+    plans = {(W, i): bench_plan(i, W) for W, i in {(r["world_size"], r["plan"]) for r in result["rows"]}}
+    cache = {}
+    for key, p in plans.items():
+        W = key[0]
+        after_topo = profile_topology(profile, W)
+        cache[key] = (evaluate(p.specs, datasheet_topology(W), p.tables), predict_ranks(p.specs, after_topo, p.tables),
+                      evaluate(p.specs, after_topo, p.tables))
+    for row in result["rows"]:
+        before, after, after_eval = cache[(row["world_size"], row["plan"])]
+        r = row["rank"]
+        row.update(before_ms=before.ranks[r].perf.total_ms, after_ms=after[r].total_ms, after_phases_ms=after[r].to_dict(),
+                   after_evaluate_ms=after_eval.ranks[r].perf.total_ms)
+    result["profile"] = profile
+    result["metrics"] = summarize(result["rows"])
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -122,7 +154,8 @@ def markdown(result: dict, command: str) -> str:
         "",
         f"{len({(r['world_size'], r['plan']) for r in result['rows']})} random plans of generated workloads (12 tables, rows <= 200k, "
         f"pooling <= 40, seeds {SEED0}-{SEED0 + 19}; calibration used other seeds), 10 on 2 ranks and 10 on 4, batch {BATCH} per rank. "
-        f"Measured: each rank's CPU time per step (forward + backward + fused update), median of {result['steps']} steps; "
+        f"Measured: each rank's CPU time per step (forward + backward + fused update), median of {result['steps']} steps "
+        f"(and of {result.get('rounds', 1)} rounds in alternating order); "
         "4 ranks on 2 cores are measured inside each rank, so oversubscription and waiting for peers do not count.",
         "",
         "| prediction | points | Spearman | median abs error | mean signed error |",
@@ -157,15 +190,17 @@ def main() -> None:
     parser.add_argument("--num-plans", type=int, default=20)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="measure every plan this many times, alternating the order; median")
     parser.add_argument("--json", default="benchmarks/results/cost_model_accuracy.json")
     parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
     parser.add_argument("--from-json", help="re-summarize a previous --json without measuring")
     args = parser.parse_args()
     if not (REPO / "configs" / "topology" / f"{args.profile}.yaml").exists():
         sys.exit(f"cost_model_accuracy: error: no profile configs/topology/{args.profile}.yaml; run embshard-calibrate profile={args.profile}")
-    if args.from_json:
+    if args.from_json:  # the same measurements, predictions from the current model and profile
         result = json.loads(Path(args.from_json).read_text())
-        result["metrics"] = summarize(result["rows"])
+        predict(result, args.profile)
+        Path(args.json).write_text(json.dumps(result, indent=1))
     else:
         result = run(args)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,10 @@ class Topology:
     Bandwidths left at 0 take the device's defaults (see DEVICE_DEFAULTS).
     full_duplex: a rank's all-to-all sends and receives at once (max of the two; GPUs over
     NVLink/IB); False: one after the other (their sum; gloo on CPU, where one core copies
-    both ways). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
+    both ways). replicated_dp_lookup: data-parallel tables are looked up for the global batch
+    on every replica, which receives every rank's ids and, in backward, every rank's pooled
+    gradients (embshard's runtime); False: each rank looks up its own samples and the
+    gradient of the whole table is all-reduced (TorchRec's DDP). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
     per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
@@ -80,6 +83,7 @@ class Topology:
     intra_host_gb_per_s: float = 0.0
     inter_host_gb_per_s: float = 0.0
     full_duplex: bool = True
+    replicated_dp_lookup: bool = False
     collective_ms: float = 0.0
     input_dist_call_ms: float = 0.0
     output_dist_call_ms: float = 0.0
@@ -173,8 +177,9 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                     raise ValueError(f"{where}.{key}: must be a positive factor (1 = as measured alone), got {v!r}")
-        if "full_duplex" in raw and not isinstance(raw["full_duplex"], bool):
-            raise ValueError(f"{where}.full_duplex: must be true or false, got {raw['full_duplex']!r}")
+        for key in ("full_duplex", "replicated_dp_lookup"):
+            if key in raw and not isinstance(raw[key], bool):
+                raise ValueError(f"{where}.{key}: must be true or false, got {raw[key]!r}")
         frac = raw.get("reserved_fraction", 0.1)
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1:
             raise ValueError(f"{where}.reserved_fraction: must be in [0, 1), got {frac!r}")

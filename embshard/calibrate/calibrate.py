@@ -168,6 +168,7 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         lines.append(f"{key}: {_num(values[key])}")
     lines.append("inter_host_gb_per_s: 0.0")
     lines.append("full_duplex: false")
+    lines.append("replicated_dp_lookup: true")
     for key in CALIBRATED_TERMS:
         lines.append(f"{key}: {_num(values[key])}")
     lines.append("# per-phase factors: whole steps on 2 and 4 ranks relative to the microbenchmarks")

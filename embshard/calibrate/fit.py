@@ -16,7 +16,8 @@ the phases cost in whole steps on all ranks (measured plans): ranks running toge
 caches, memory bandwidth and cores.
 
 All topologies here are half duplex (full_duplex false): measurements are CPU time of
-each rank, which pays for sending and receiving alike.
+each rank, which pays for sending and receiving alike; and data-parallel tables are
+replicated look-ups (replicated_dp_lookup), as embshard's runtime runs them.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def unit_topology(base: Topology, term: str | None) -> Topology:
     values["inter_host_gb_per_s"] = math.inf
     if term is not None:
         values[term] = UNIT_GB_PER_S if term in BANDWIDTHS else 1.0
-    return replace(base, full_duplex=False, **{f: 1.0 for f in PHASE_FACTORS}, **values)
+    return replace(base, full_duplex=False, replicated_dp_lookup=True, **{f: 1.0 for f in PHASE_FACTORS}, **values)
 
 
 def plan_rows(sample: Sample, phases: Sequence[str] = PHASES) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
@@ -102,6 +103,7 @@ def collective_rows(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndar
 def to_topology(base: Topology, theta: dict[str, float], factors: dict[str, float] | None = None) -> Topology:
     """``base`` with fitted coefficients (bandwidths from ms per byte, terms as fitted) and factors."""
     values: dict[str, Any] = {f: (factors or {}).get(f, 1.0) for f in PHASE_FACTORS}
+    values["replicated_dp_lookup"] = True
     for t in TERMS:
         c = theta.get(t, 0.0)
         values[t] = (1.0 / (c * 1e6) if c > 0 else FREE_GB_PER_S) if t in BANDWIDTHS else c

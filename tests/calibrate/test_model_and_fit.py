@@ -26,7 +26,7 @@ TRUE_TERMS = dict(hbm_gb_per_s=50.0, intra_host_gb_per_s=2.5, collective_ms=0.2,
                   lookup_fwd_call_ms=0.7, lookup_bwd_call_ms=0.2, lookup_fwd_ns_per_id=5.0, lookup_bwd_ns_per_id=20.0,
                   lookup_bwd_ns_per_row=400.0, lookup_ns_per_row_byte=0.25, lookup_ns_per_out_byte=0.2, sequence_bwd_ns_per_row=2000.0,
                   dist_ns_per_id=10.0, dist_ns_per_bag=80.0, dist_ns_per_byte=0.6, sequence_dist_ns_per_id=25.0,
-                  dp_fwd_ns_per_id=20.0, dp_bwd_ns_per_id_byte=1.2, dp_bwd_ns_per_row=700.0)
+                  dp_fwd_ns_per_id=0.0, dp_bwd_ns_per_id_byte=0.0, dp_bwd_ns_per_row=0.0)  # replicated look-ups: unused
 
 
 def test_defaults_are_the_datasheet_model():
@@ -101,7 +101,7 @@ def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
 
 
 def test_fit_recovers_the_terms_and_factors():
-    truth = replace(CPU, full_duplex=False, lookup_bwd_factor=1.5, output_dist_factor=0.8, **TRUE_TERMS)
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, lookup_bwd_factor=1.5, output_dist_factor=0.8, **TRUE_TERMS)
     samples, collectives = synthetic_samples(truth)
     result = fit(samples, collectives)
     got = result.topology(CPU)
@@ -115,7 +115,7 @@ def test_fit_recovers_the_terms_and_factors():
     data = {"machine_start": {"cpu": "test", "cores": 2}, "measure_s": 0}
     raw = yaml.safe_load(profile_yaml(got, data, result, "test"))
     loaded = Topology.from_dict(raw)
-    assert not loaded.full_duplex
+    assert not loaded.full_duplex and loaded.replicated_dp_lookup
     for term in (*TERMS, *PHASE_FACTORS):
         assert getattr(loaded, term) == pytest.approx(getattr(got, term), rel=1e-5), term
 

@@ -29,7 +29,9 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
   in backward; data-parallel replicas run another kernel, with terms of their own (per id
-  forward; per byte of per-id gradients and per distinct row backward);
+  forward; per byte of per-id gradients and per distinct row backward), or, where the
+  runtime replicates look-ups (``replicated_dp_lookup``), cost what a table-wise holder of the
+  global batch costs, on every rank (`replicated_lookup_perf`);
 - routing, paid by the sender and by the receiver: per id and per bag length in input dist,
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
@@ -188,7 +190,10 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
-    """Time every rank spends on a replicated table: local lookup, dense update, all-reduce."""
+    """Time every rank spends on a replicated table: local lookup, dense update, all-reduce;
+    or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf`."""
+    if topo.replicated_dp_lookup:
+        return replicated_lookup_perf(spec, topo)
     B, F, N, D, e = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim, spec.element_bytes
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
@@ -215,6 +220,25 @@ def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
 def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
     """Calibrated fixed cost of one collective: collective_ms per step and peer rank."""
     return topo.collective_ms * steps_per_peer * (topo.world_size - 1)
+
+
+def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
+    """A data-parallel table looked up for the global batch on every replica (embshard's runtime).
+
+    Each rank sends its ids to every replica and receives everyone's; looks up and updates
+    (fused) all G bags like a table-wise holder; keeps its own rows (no output all-to-all);
+    in backward receives every rank's pooled gradients, as a holder receives its outputs'.
+    """
+    B, F, D, e = topo.batch_size_per_rank, spec.num_features, spec.embedding_dim, spec.element_bytes
+    W = topo.world_size
+    held = holder_perf(spec, topo, ShardingType.TABLE_WISE, spec.num_embeddings, D, 1)  # factors applied
+    ids = B * spec.pooling_factor * F
+    own_out = (B * F if spec.pooled else ids) * D * e
+    send = spread_comm_ms(W * (ids * ID_BYTES + B * F * LENGTH_BYTES), topo) + _route_ms(spec, topo, W * ids, W * B * F)
+    extra = _factored(Perf(input_dist_ms=send, output_dist_fwd_ms=_assemble_ms(spec, topo, own_out, ids)), topo)
+    return Perf(input_dist_ms=held.input_dist_ms + extra.input_dist_ms, lookup_fwd_ms=held.lookup_fwd_ms,
+                output_dist_fwd_ms=extra.output_dist_fwd_ms, output_dist_bwd_ms=held.output_dist_bwd_ms,
+                lookup_bwd_ms=held.lookup_bwd_ms)
 
 
 def num_kernel_calls(specs: Sequence[TableSpec], placements: Sequence, rank: int) -> int:
