@@ -12,7 +12,9 @@ by `shard_model` (fused rowwise_adagrad for every table, DDP + Adagrad for the M
 tables under DDP with torchrec's RowWiseAdagrad, Adagrad for the MLPs. A step is forward, BCE
 loss, backward (fused table updates) and the dense optimizer step. Each case alternates
 ROUNDS rounds of ITERS steps (embshard, TorchRec, embshard, ...); the best round of each
-counts, which damps noise from other load on the machine.
+counts, which damps noise from other load on the machine. Besides wall-clock samples/s it
+reports samples per CPU-second (both ranks' process CPU time), which other processes on a
+shared machine disturb much less; the load average during the run is recorded too.
 """
 
 from __future__ import annotations
@@ -26,31 +28,36 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 WORLD_SIZE, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
-WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 3, 4
+WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
 DATE = "2026-11-30"
 COMMAND = ".venv/bin/python benchmarks/train_throughput.py --out benchmarks/results/train.md"
 ROOT = Path(__file__).resolve().parents[1]
-# (name, interaction, batch per rank, bottom MLP, top MLP)
-CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1)),
-         ("DLRM dot, batch 2048", "dot", 2048, (64, 16), (256, 128, 1)),
-         ("DLRM-v2 DCN, batch 2048", "dcn", 2048, (64, 16), (256, 128, 1))]
+# (name, interaction, batch per rank, bottom MLP, top MLP, data-parallel tables allowed)
+CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1), True),
+         ("DLRM dot, batch 2048", "dot", 2048, (64, 16), (256, 128, 1), True),
+         ("DLRM dot, batch 2048, no DP tables", "dot", 2048, (64, 16), (256, 128, 1), False),
+         ("DLRM-v2 DCN, batch 2048", "dcn", 2048, (64, 16), (256, 128, 1), True)]
 DCN_LAYERS, DCN_RANK = 3, 64
 
 
-def specs_and_plan(batch: int):
+def specs_and_plan(batch: int, data_parallel: bool):
     from embshard import planner
+    from embshard.planner.types import Constraints, ShardingType, TableConstraint
     from embshard.specs import load_tables_file
     from embshard.topology import Topology
 
     specs, _ = load_tables_file(ROOT / "configs" / "tables" / "criteo_small.yaml")
     topology = Topology(world_size=WORLD_SIZE, local_world_size=WORLD_SIZE, hbm_gib=16, batch_size_per_rank=batch, device="cpu")
-    return specs, planner.plan(specs, topology, time_budget_s=2.0, torchrec_compatible=True)
+    sharded = tuple(t for t in ShardingType if t is not ShardingType.DATA_PARALLEL)
+    constraints = None if data_parallel else Constraints({s.name: TableConstraint(sharded) for s in specs})
+    return specs, planner.plan(specs, topology, constraints, time_budget_s=2.0, torchrec_compatible=True)
 
 
 def make_batches(specs, rank: int, batch: int):
@@ -116,44 +123,52 @@ def step_fn(model, optimizers, squeeze: bool):
     return step
 
 
-def measure(step, batches, pg) -> float:
-    """Seconds per step (rank 0's wall clock between barriers), after WARMUP steps."""
+def measure(step, batches, pg) -> tuple[float, float]:
+    """(wall seconds per step on rank 0 between barriers, CPU seconds per step of all ranks), after WARMUP steps."""
     for i in range(WARMUP):
         step(batches[i % len(batches)])
     dist.barrier(group=pg)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for i in range(ITERS):
         step(batches[i % len(batches)])
+    cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
     dist.barrier(group=pg)
-    return (time.perf_counter() - start) / ITERS
+    wall = time.perf_counter() - start
+    dist.all_reduce(cpu, group=pg)
+    return wall / ITERS, float(cpu) / ITERS
 
 
-def run_case(name: str, interaction: str, batch: int, bottom, top, pg) -> dict:
+def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel: bool, pg) -> dict:
     from embshard.planner.report import sharding_type_counts
 
     torch.manual_seed(0)
-    specs, plan = specs_and_plan(batch)
+    specs, plan = specs_and_plan(batch, data_parallel)
     batches = make_batches(specs, dist.get_rank(pg), batch)
     ours = step_fn(*embshard_model(specs, plan, pg, interaction, bottom, top), squeeze=False)
     theirs = step_fn(*torchrec_model(specs, plan, pg, interaction, bottom, top), squeeze=True)
-    best_ours = best_theirs = float("inf")
+    ours_runs, theirs_runs = [], []
     for _ in range(ROUNDS):
-        best_ours = min(best_ours, measure(ours, batches, pg))
-        best_theirs = min(best_theirs, measure(theirs, batches, pg))
+        ours_runs.append(measure(ours, batches, pg))
+        theirs_runs.append(measure(theirs, batches, pg))
     samples = batch * WORLD_SIZE
     return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan),
-            "embshard_samples_per_s": samples / best_ours, "torchrec_samples_per_s": samples / best_theirs}
+            "embshard_samples_per_s": samples / min(w for w, _ in ours_runs),
+            "torchrec_samples_per_s": samples / min(w for w, _ in theirs_runs),
+            "embshard_samples_per_cpu_s": samples / min(c for _, c in ours_runs),
+            "torchrec_samples_per_cpu_s": samples / min(c for _, c in theirs_runs),
+            "load_average": os.getloadavg()[0]}
 
 
-def worker(rank: int, port: int, out: str) -> None:
+def worker(rank: int, port: int, out: str, repeats: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=datetime.timedelta(seconds=600))
     results = []
-    for case in CASES:
-        results.append(run_case(*case, dist.group.WORLD))
-        if rank == 0:
-            print(json.dumps(results[-1]), flush=True)
+    for repeat in range(repeats):
+        for case in CASES:
+            results.append({**run_case(*case, dist.group.WORLD), "repeat": repeat})
+            if rank == 0:
+                print(json.dumps(results[-1]), flush=True)
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -167,6 +182,7 @@ def cpu_model() -> str:
 
 
 def markdown(results: list[dict]) -> str:
+    repeats = max(r["repeat"] for r in results) + 1
     lines = [
         "# Training throughput: embshard vs TorchRec DistributedModelParallel",
         "",
@@ -177,28 +193,37 @@ def markdown(results: list[dict]) -> str:
         "Same tables (criteo_small: 26 tables, dim 16, up to 100,000 rows), batches, plan (embshard's planner, "
         "torchrec_compatible) and optimizers (fused rowwise_adagrad for tables, Adagrad for MLPs). "
         "Bottom MLP 13-64-16, top MLP 256-128-1; DCN: 3 layers, rank 64. "
-        "Samples/s count both ranks (best of 3 alternating rounds of 20 steps).",
+        f"Each case ran {repeats} times; each time, best of {ROUNDS} alternating rounds of {ITERS} steps. "
+        "Samples/s count both ranks (median over the repeats); samples per CPU-second divide by both ranks' "
+        "process CPU time. Ratios are embshard / TorchRec: median [min, max] over the repeats. "
+        "Load: the 1-minute load average during the case (2 cores: above 2 means other processes competed).",
         "",
-        "| case | plan | embshard samples/s | TorchRec samples/s | embshard / TorchRec |",
-        "|---|---|---:|---:|---:|",
+        "| case | plan | load | embshard samples/s | TorchRec samples/s | wall ratio | CPU ratio |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        plan = ", ".join(f"{k} {v}" for k, v in r["plan"].items())
-        ratio = r["embshard_samples_per_s"] / r["torchrec_samples_per_s"]
-        lines.append(f"| {r['case']} | {plan} | {r['embshard_samples_per_s']:,.0f} | {r['torchrec_samples_per_s']:,.0f} "
-                     f"| {ratio:.2f}x |")
+    for name, *_ in CASES:
+        runs = [r for r in results if r["case"] == name]
+        wall = sorted(r["embshard_samples_per_s"] / r["torchrec_samples_per_s"] for r in runs)
+        cpu = sorted(r["embshard_samples_per_cpu_s"] / r["torchrec_samples_per_cpu_s"] for r in runs)
+        plan = ", ".join(f"{k} {v}" for k, v in runs[0]["plan"].items())
+        lines.append(
+            f"| {name} | {plan} | {median([r['load_average'] for r in runs]):.1f} "
+            f"| {median([r['embshard_samples_per_s'] for r in runs]):,.0f} "
+            f"| {median([r['torchrec_samples_per_s'] for r in runs]):,.0f} "
+            f"| {median(wall):.2f}x [{wall[0]:.2f}, {wall[-1]:.2f}] | {median(cpu):.2f}x [{cpu[0]:.2f}, {cpu[-1]:.2f}] |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/train.md")
+    parser.add_argument("--repeats", type=int, default=3, help="run every case this many times")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
-        worker(args.rank, args.port, args.json)
+        worker(args.rank, args.port, args.json, args.repeats)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -206,8 +231,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.out).with_suffix(".json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--json", str(json_path)],
-                              env=env) for r in range(WORLD_SIZE)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--json", str(json_path),
+                               "--repeats", str(args.repeats)], env=env) for r in range(WORLD_SIZE)]
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"a rank failed: exit codes {codes}")

@@ -83,12 +83,12 @@ def save(root: Path, step: int, parts: Parts, ctx: RankContext, info: dict[str, 
          keep_last: int) -> Path:
     name = f"{STEP_PREFIX}{step:06d}"
     final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
-    if ctx.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TMP_PREFIX}*"):
-            shutil.rmtree(stale)
-    barrier(ctx)
     try:
+        if ctx.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(f"{TMP_PREFIX}*"):
+                shutil.rmtree(stale)
+        barrier(ctx)
         tmp.mkdir(parents=True, exist_ok=True)
         dcp.save(_state_dict(parts, ctx), storage_writer=FileSystemWriter(tmp), process_group=ctx.pg, no_dist=ctx.pg is None)
     except (OSError, CheckpointException) as e:

@@ -9,6 +9,8 @@ group's options each start from their own schema (``/schema/data/NAME@_here_``).
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -156,6 +158,13 @@ def check(s: TrainSettings) -> None:
         section, name = key.split(".")
         if getattr(getattr(s, section), name) < 0:
             raise ValueError(f"{key}: must be >= 0 (0 = only after the last step), got {getattr(getattr(s, section), name)}")
+    if s.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError("tensorboard=true: the tensorboard package is not installed; "
+                         "pip install 'embshard[tensorboard]' or set tensorboard=false")
+    existing = next(p for p in (s.checkpoint_dir, *s.checkpoint_dir.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"checkpoint.dir: {s.checkpoint_dir} cannot be written ({existing} is read-only); choose a "
+                         "writable folder")
     if s.unsharded and s.launcher.nproc != 1:
         raise ValueError(f"unsharded: the unsharded reference runs in one process; drop launcher.nproc={s.launcher.nproc}")
     if s.model.sequence.enabled and not isinstance(s.data, SyntheticConfig):

@@ -61,8 +61,11 @@ def user_env() -> dict[str, str]:
 def hydra_main(cfg: DictConfig) -> None:
     try:
         settings = config.settings_from_config(cfg)
+        settings.out_dir.mkdir(parents=True, exist_ok=True)
     except (ValueError, OmegaConfBaseException) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"out_dir={settings.out_dir}: cannot create it ({e.strerror}); choose a writable folder")
     if not under_torchrun() and settings.launcher.nproc > 1:
         code = launch(settings.launcher, child_args(), user_env())
         if code:

@@ -18,12 +18,9 @@ class MetricsLog:
         self.records: list[dict[str, Any]] = []
         self.file = self.path.open("a")
         self.writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ValueError("tensorboard=true: the tensorboard package is not installed; "
-                                 "pip install 'embshard[tensorboard]' or set tensorboard=false") from None
+        if tensorboard:  # the settings checked that the package is installed
+            from torch.utils.tensorboard import SummaryWriter
+
             self.writer = SummaryWriter(str(out_dir / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
