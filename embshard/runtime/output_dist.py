@@ -2,12 +2,12 @@
 the unsharded collection returns.
 
 Pooled: every kernel's output [B_global, width] is already grouped by source rank, so it
-travels as is (one all-to-all); the owner adds each received column block into its place
-in [B, sum of dims] (row-wise partial sums add up; column-wise blocks sit side by side)
-and divides mean-pooled features by the true bag length. Sequence: rows go back in the
-order they came and land at their id's position in the batch (column blocks side by
-side). Backward runs the same all-to-all the other way and divides gradients by the
-world size (DDP's average; see collection.py).
+travels as is (one all-to-all); the owner puts each received column block in its place
+in [B, sum of dims] (a permutation of runs of columns; row-wise partial sums are added
+with index_add) and divides mean-pooled features by the true bag length. Sequence: rows
+go back in the order they came and a permutation puts them at their id's position in the
+batch (column blocks side by side). Backward runs the same all-to-all the other way and
+divides gradients by the world size (DDP's average; see collection.py).
 """
 
 from __future__ import annotations
