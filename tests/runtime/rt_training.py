@@ -138,7 +138,10 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
     feats = features_of(specs)
     errors = {"err_forward": 0.0}
     gen = torch.Generator().manual_seed(seed + 1)
-    for batches in make_batches(specs, W, weighted, seed):
+    for step, batches in enumerate(make_batches(specs, W, weighted, seed)):
+        if step == 3:  # the learning rate can change between steps
+            sharded.set_learning_rate(LR / 2)
+            ref_opt.lr = LR / 2
         out = sharded(kjt(batches[rank], feats, weighted))
         ref_out = ref(kjt(global_batch(batches), feats, weighted))
         ref_loss = 0.0
@@ -199,6 +202,7 @@ def run_state_roundtrip(plan: ShardingPlan, other_plan: ShardingPlan, pg: dist.P
     errors["err_resharded_forward"] = _max_diff(resharded(kjt(batches[rank], feats, False)), expected, True)
     restored = make_collection(POOLED, plan, pg, pooled=True)
     restored.load_state_dict(sharded.state_dict())
+    restored.set_learning_rate(LR / 2)  # as train() left it: the learning rate is a setting, not state
     gen = torch.Generator().manual_seed(13)
     target = _targets(POOLED, batches[rank], True, gen)
     for module in (sharded, restored):
