@@ -10,7 +10,8 @@ the ids of each feature grouped by source rank, with ``ids_per_feature_rank[f][r
 return the rows flat, ordered [rank][feature][id] x width: the order they travel back in.
 FBGEMM runs them with its summing kernel over one-id bags (each feature padded with empty
 bags to the largest feature's id count): on CPU its unpooled PoolingMode.NONE kernel is
-~10x slower in backward, and its variable-batch (VBE) forward grows quadratically.
+~10x slower in backward, and its variable-batch (VBE) forward grows faster than linearly
+with the number of ids.
 """
 
 from __future__ import annotations

@@ -2,10 +2,14 @@
 
 FBGEMM's table-batched kernels apply the optimizer inside backward. Its CPU build runs
 ``exact_sgd``, ``exact_adagrad`` and ``exact_row_wise_adagrad`` but not ``adam``; this file
-holds the same updates written in torch (formulas copied from FBGEMM's codegen), used by the
-torch kernel for data-parallel tables everywhere and for adam tables on CPU. All updates are
+holds the same updates written in torch (FBGEMM's formulas), used by the torch kernel for
+adam tables on CPU and for replicated tables whose width FBGEMM rejects. All updates are
 "sparse": only rows that appear in the batch change (adam's moments of other rows do not
 decay), and ``step`` counts updates of the whole kernel (adam's bias correction).
+
+Column-split tables with rowwise_adagrad keep one accumulator per row and column block (the
+mean of squared gradients over the block's columns), as FBGEMM and TorchRec do on each
+column shard; every other optimizer and sharding updates exactly as the unsharded table.
 """
 
 from __future__ import annotations
