@@ -51,6 +51,9 @@ def launch(config: LauncherConfig, args: list[str], base_env: Mapping[str, str])
         procs.append(subprocess.Popen([sys.executable, "-m", "embshard.train", *args], env=env))
     try:
         return _watch(procs, config.collective_timeout_s + EXIT_GRACE_S)
+    except KeyboardInterrupt:
+        print("embshard-train: interrupted; stopped the ranks", file=sys.stderr)
+        return 130
     finally:
         for p in procs:
             if p.poll() is None:

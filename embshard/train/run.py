@@ -37,6 +37,8 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
         fail(prefix + str(e))
     except CheckpointError as e:
         fail(str(e), code=1)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise

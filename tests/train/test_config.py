@@ -113,6 +113,22 @@ def test_bad_values_are_refused_with_the_key_and_a_fix(override: str, needle: st
     assert needle in str(e.value)
 
 
+def test_a_saved_plan_must_fit_the_run() -> None:
+    from embshard.train.planning import check_plan_file
+
+    s = settings(["plan_file=plan.json"])
+    plan = planner.plan(s.specs, s.topology, time_budget_s=0.2)
+    check_plan_file(plan, s, s.topology.world_size)
+    with pytest.raises(ValueError, match=r"plan_file=plan.json: the plan is for 1 ranks but 2 run; plan again"):
+        check_plan_file(plan, s, 2)
+    other = settings(["plan_file=plan.json", "experiment=sequence"])
+    with pytest.raises(ValueError, match=r"the run has tables missing from it \['item'\]"):
+        check_plan_file(plan, other, 1)
+    wider = settings(["plan_file=plan.json", "tables.0.num_embeddings=7"])
+    with pytest.raises(ValueError, match=r"table 'cat_0'.num_embeddings is 1460 in the plan but 7 in this run"):
+        check_plan_file(plan, wider, 1)
+
+
 CLI_CASES = {
     "typo": (["model.bottom_mlpp=[1]"], "bottom_mlpp"),
     "wrong_type": (["steps=abc"], "steps"),

@@ -200,7 +200,8 @@ def stage2(stage1, config_dir, tmp_path_factory) -> dict:
     common = [*base(config_dir), f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "steps=60"]
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "embshard.train"]
     runs = {
-        "B": start(tmp, "B", [*common, *SHARDING, f"checkpoint.resume_from={a / 'step_000030'}"], torchrun),
+        "B": start(tmp, "B", [*common, f"plan_file={stage1['A'].out / 'plan.json'}",
+                              f"checkpoint.resume_from={a / 'step_000030'}"], torchrun),
         "R3": start(tmp, "R3", [*common, "launcher.nproc=3", f"checkpoint.resume_from={a}"]),
     }
     local = in_process([*common, f"checkpoint.resume_from={a}"], tmp / "R1")
@@ -211,6 +212,7 @@ def test_resume_under_torchrun_continues_exactly(stage1, stage2) -> None:
     a, b = stage1["A"], stage2["B"]
     assert b.proc.returncode == 0, b.text[-3000:]
     assert "resumed from" in b.text and "at step 30" in b.text
+    assert (b.out / "plan.json").read_text() == (a.out / "plan.json").read_text()
     assert [r["loss"] for r in metrics(b.out)] == [r["loss"] for r in metrics(a.out)[30:]]
     assert metrics(b.out, "eval")[-1]["auc"] == metrics(a.out, "eval")[-1]["auc"]
     want, got = read_tables(a.out / "checkpoints"), read_tables(b.out / "checkpoints")
