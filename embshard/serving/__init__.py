@@ -1,0 +1,1 @@
+"""Serving sharded tables for inference: export artifacts, quantized tables, HTTP server."""
