@@ -50,8 +50,8 @@ def start(topology: Topology, timeout_s: float, with_group: bool = True) -> Rank
         rank, world, local_rank, local_world = 0, 1, 0, 1
     if topology.world_size != world or topology.local_world_size != local_world:
         raise ValueError(f"topology: world_size={topology.world_size}, local_world_size={topology.local_world_size} but "
-                         f"{world} rank(s) run, {local_world} per host; set launcher.nproc / torchrun --nproc-per-node "
-                         "to match, or use topology=train_cpu, which follows them")
+                         f"{world} rank(s) run, {local_world} per host; drop the topology.world_size/local_world_size "
+                         "overrides (the world size follows launcher.nproc or torchrun) or start as many ranks")
     if topology.device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("topology.device: cuda, but no GPU is visible; use topology=train_cpu")

@@ -77,9 +77,18 @@ def test_every_option_composes_and_instantiates(group: str, option: str, data_fi
         assert s.model.interaction == "dcn" and s.topology.device == "cuda" and len(s.data.train_days) == 23
 
 
-def test_world_size_follows_the_launcher() -> None:
-    s = settings(["launcher.nproc=3"])
+@pytest.mark.parametrize("choice", ["topology=train_cpu", "topology=train_gpu", "topology=cpu", "topology=gpu",
+                                    "tables=criteo_tb", "experiment=dcnv2_mlperf"])
+def test_world_size_follows_the_ranks_whatever_the_topology(choice: str, monkeypatch) -> None:
+    s = settings([choice, "launcher.nproc=3"])
     assert (s.topology.world_size, s.topology.local_world_size) == (3, 3)
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # under torchrun
+    s = settings([choice, "launcher.nproc=3"])
+    assert (s.topology.world_size, s.topology.local_world_size) == (16, 8)
+
+
+def test_sequence_experiment_adds_the_item_table() -> None:
     assert settings(["experiment=sequence"]).specs[-1].feature_names == ("history", "target")
 
 
