@@ -1,0 +1,65 @@
+"""Shared fixtures of the serving tests: one trained run, and serving artifacts exported from it.
+
+`trained_run`: `embshard-train` on 2 gloo ranks for 200 steps (about 30 s) on a planted-signal
+synthetic set with SERVING_TABLES (pooled tables, one of them with bags of ~3 ids) and a
+user-history feature (sequence table ``item``); returns its out_dir (config.yaml, plan.json,
+checkpoints/step_000200). `artifact(dtype, world_size)`: `embshard-export` of that run
+(cached per argument pair), returns the artifact folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+BIN = Path(sys.executable).parent
+SERVING_TABLES = """# @package _global_
+tables:
+  - {name: t0, num_embeddings: 400, embedding_dim: 8}
+  - {name: t1, num_embeddings: 300, embedding_dim: 8, pooling_factor: 2.0}
+  - {name: t2, num_embeddings: 200, embedding_dim: 8}
+  - {name: t3, num_embeddings: 100, embedding_dim: 8, pooling_factor: 3.0}
+"""
+TRAIN_ARGS = ["tables=serving_tiny", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]", "planner.time_budget_s=0.5",
+              "model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6",
+              "data.signal=3", "launcher.nproc=2", "launcher.collective_timeout_s=60", "steps=200",
+              "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_batches=4"]
+TIMEOUT_S = 300
+
+
+def run_cli(args: list[str], timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """A console script of the venv, in its own process; output captured as text."""
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("serving_run")
+    (root / "configs" / "tables").mkdir(parents=True)
+    (root / "configs" / "tables" / "serving_tiny.yaml").write_text(SERVING_TABLES)
+    out = root / "run"
+    done = run_cli(["embshard-train", f"--config-dir={root / 'configs'}", *TRAIN_ARGS, f"out_dir={out}"])
+    assert done.returncode == 0, f"embshard-train failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def artifact(trained_run, tmp_path_factory) -> Callable[[str, int], Path]:
+    cache: dict[tuple[str, int], Path] = {}
+
+    def make(dtype: str, world_size: int) -> Path:
+        if (dtype, world_size) not in cache:
+            out = tmp_path_factory.mktemp(f"artifact_{dtype}_w{world_size}") / "artifact"
+            done = run_cli(["embshard-export", f"checkpoint={trained_run}", f"out={out}", f"world_size={world_size}",
+                            f"dtype={dtype}"])
+            assert done.returncode == 0, f"embshard-export failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            cache[(dtype, world_size)] = out
+        return cache[(dtype, world_size)]
+
+    return make
