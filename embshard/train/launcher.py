@@ -1,10 +1,12 @@
-"""Start N local ranks of the training job (``launcher.nproc=N``), or none under torchrun.
+"""Start N local ranks of a job (``launcher.nproc=N``), or none under torchrun.
 
-The launcher re-runs ``python -m embshard.train`` with the same overrides once per rank,
-with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), so a local run and ``torchrun --nproc-per-node N -m embshard.train ...`` take
-the same path. It watches the ranks: when one fails, the others get until their collective
-timeout to exit on their own (they report the lost rank), then are killed.
+The launcher re-runs ``python -m MODULE`` (``embshard.train``, ``embshard.serving.serve_cli``)
+with the same overrides once per rank, with torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so a local run and
+``torchrun --nproc-per-node N -m MODULE ...`` take the same path. It watches the ranks: when
+one fails, the others get until their collective timeout to exit on their own (they report
+the lost rank), then are killed. SIGTERM (like Ctrl-C) is passed on to the ranks, which get
+``EXIT_GRACE_S`` to stop on their own before they are killed.
 """
 
 from __future__ import annotations
@@ -40,28 +42,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: LauncherConfig, args: list[str], base_env: Mapping[str, str]) -> int:
-    """Run ``python -m embshard.train ARGS`` as ranks 0..nproc-1 with ``base_env`` and torchrun's
-    variables; the exit status of the run."""
+class _Terminated(Exception):
+    """SIGTERM reached the launcher."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
+def launch(config: LauncherConfig, args: list[str], base_env: Mapping[str, str], module: str = "embshard.train",
+           prog: str = "embshard-train") -> int:
+    """Run ``python -m MODULE ARGS`` as ranks 0..nproc-1 with ``base_env`` and torchrun's
+    variables; the exit status of the run (``prog`` names it in messages)."""
     port = config.master_port or free_port()
     procs = []
-    for rank in range(config.nproc):
-        env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.nproc),
-               "LOCAL_WORLD_SIZE": str(config.nproc), "MASTER_ADDR": config.master_addr, "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "embshard.train", *args], env=env))
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return _watch(procs, config.collective_timeout_s + EXIT_GRACE_S)
+        for rank in range(config.nproc):
+            env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.nproc),
+                   "LOCAL_WORLD_SIZE": str(config.nproc), "MASTER_ADDR": config.master_addr, "MASTER_PORT": str(port)}
+            procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env))
+        return _watch(procs, config.collective_timeout_s + EXIT_GRACE_S, prog)
     except KeyboardInterrupt:
-        print("embshard-train: interrupted; stopped the ranks", file=sys.stderr)
+        print(f"{prog}: interrupted; stopped the ranks", file=sys.stderr)
+        _stop(procs, signal.SIGINT)
         return 130
+    except _Terminated:
+        return 0 if _stop(procs, signal.SIGTERM) else 128 + signal.SIGTERM
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
 
 
-def _watch(procs: list[subprocess.Popen], grace_s: float) -> int:
+def _stop(procs: list[subprocess.Popen], signum: int) -> bool:
+    """Pass ``signum`` on to the ranks and give them EXIT_GRACE_S to exit; whether all exited with status 0."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    return all(p.poll() == 0 for p in procs)
+
+
+def _watch(procs: list[subprocess.Popen], grace_s: float, prog: str) -> int:
     first_failure: tuple[int, int] | None = None  # (rank, status)
     deadline = None
     while True:
@@ -73,7 +103,7 @@ def _watch(procs: list[subprocess.Popen], grace_s: float) -> int:
             break
         if deadline is not None and time.monotonic() > deadline:
             alive = [r for r, c in enumerate(codes) if c is None]
-            print(f"embshard-train: error: rank(s) {alive} still running {grace_s:.0f} s after rank {first_failure[0]} "
+            print(f"{prog}: error: rank(s) {alive} still running {grace_s:.0f} s after rank {first_failure[0]} "
                   "failed; stopped them", file=sys.stderr)
             break
         time.sleep(0.1)
@@ -82,7 +112,6 @@ def _watch(procs: list[subprocess.Popen], grace_s: float) -> int:
     rank, code = first_failure
     if code < 0:
         name = signal.Signals(-code).name
-        print(f"embshard-train: error: rank {rank} was killed by {name}; the run stopped (the last complete checkpoint "
-              "is still loadable)", file=sys.stderr)
+        print(f"{prog}: error: rank {rank} was killed by {name}; the run stopped", file=sys.stderr)
         return 1
     return code
