@@ -11,13 +11,12 @@ backward with the fused optimizer) is measured as the CPU time of its process, m
 --steps steps (embshard.calibrate.measure), so 4 ranks on 2 cores are measured per rank;
 every plan is measured --rounds times in alternating order and the median counts.
 
-Predictions: "before" is the datasheet cpu topology (topology=cpu) scored by
-`embshard.planner.evaluate`; "after" is the calibrated profile scored by
-`embshard.calibrate.predict.predict_ranks` (half-duplex all-to-alls and fixed per-step costs);
-"after, evaluate()" is the same profile through `evaluate` as the planner's report uses it
-today (all-to-all phases as max of the two sides, no fixed costs). Metrics over all per-rank
-points: Spearman rank correlation and median absolute relative error; and over the plans'
-slowest ranks. Results go into benchmarks/results/cost_model.md (section between markers)
+Predictions, both by `embshard.planner.evaluate` (the planner's report and the objective
+its search minimises): "before" on the datasheet cpu topology (topology=cpu), "after" on the
+calibrated profile (its fitted terms, half-duplex all-to-alls and fixed per-step costs).
+Metrics over all per-rank points: Spearman rank correlation and median absolute relative
+error; and over the plans' slowest ranks. --from-json re-predicts saved measurements with
+the current model and profile. Results go into benchmarks/results/cost_model.md (section between markers)
 and --json.
 """
 
@@ -37,8 +36,7 @@ import numpy as np
 import yaml
 from scipy.stats import spearmanr
 
-from embshard.calibrate.measure import measure_plans
-from embshard.calibrate.predict import predict_ranks
+from embshard.calibrate.measure import measure_rounds
 from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.planner import evaluate
 from embshard.topology import Topology
@@ -84,25 +82,20 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for W, indices in groups(args.num_plans):
         plans = [bench_plan(i, W) for i in indices]
-        rounds = []
-        for rnd in range(args.rounds):  # alternate the order: slow drifts of the machine's load hit every plan alike
-            order = list(range(len(plans))) if rnd % 2 == 0 else list(range(len(plans)))[::-1]
-            print(f"round {rnd + 1}/{args.rounds}: measuring {len(plans)} plans on {W} ranks", flush=True)
-            measured = measure_plans([plans[j] for j in order], steps=args.steps, warmup=args.warmup, timeout_s=3600)
-            rounds.append({j: m for j, m in zip(order, measured)})
-        for j, (i, p) in enumerate(zip(indices, plans)):
+        measured = measure_rounds(plans, args.rounds, steps=args.steps, warmup=args.warmup, log=lambda m: print(m, flush=True))
+        for i, p, rounds in zip(indices, plans, measured):
             layout: dict[str, int] = {}
             for t in p.tables:
                 layout[t.sharding_type.value] = layout.get(t.sharding_type.value, 0) + 1
             for r in range(W):
-                per_round = [rd[j].ranks[r] for rd in rounds]
-                med = lambda values: statistics.median(values)  # noqa: E731
+                per_round = [m.ranks[r] for m in rounds]
+                med = statistics.median
                 rows.append({"plan": i, "world_size": W, "rank": r, "layout": layout,
                              "measured_ms": med([x.cpu_ms["total_ms"] for x in per_round]),
                              "measured_rounds_ms": [x.cpu_ms["total_ms"] for x in per_round],
                              "measured_phases_ms": {k: med([x.cpu_ms[k] for x in per_round]) for k in per_round[0].cpu_ms},
                              "wall_ms": med([x.wall_ms["total_ms"] for x in per_round]),
-                             "step_wall_ms": med([rd[j].step_wall_ms for rd in rounds])})
+                             "step_wall_ms": med([m.step_wall_ms for m in rounds])})
     result = {"rows": rows, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "load_start": load_start, "load_end": os.getloadavg(),
               "seconds": time.time() - t0, "cpu": cpu_model(), "cores": os.cpu_count()}
     predict(result, args.profile)
@@ -116,20 +109,20 @@ def predict(result: dict, profile: str) -> None:
     for key, p in plans.items():
         W = key[0]
         after_topo = profile_topology(profile, W)
-        cache[key] = (evaluate(p.specs, datasheet_topology(W), p.tables), predict_ranks(p.specs, after_topo, p.tables),
-                      evaluate(p.specs, after_topo, p.tables))
+        cache[key] = (evaluate(p.specs, datasheet_topology(W), p.tables), evaluate(p.specs, after_topo, p.tables))
     for row in result["rows"]:
-        before, after, after_eval = cache[(row["world_size"], row["plan"])]
+        before, after = cache[(row["world_size"], row["plan"])]
         r = row["rank"]
-        row.update(before_ms=before.ranks[r].perf.total_ms, after_ms=after[r].total_ms, after_phases_ms=after[r].to_dict(),
-                   after_evaluate_ms=after_eval.ranks[r].perf.total_ms)
+        row.pop("after_evaluate_ms", None)  # an earlier version's second "after" model
+        row.update(before_ms=before.ranks[r].perf.total_ms, after_ms=after.ranks[r].perf.total_ms,
+                   after_phases_ms=after.ranks[r].perf.to_dict())
     result["profile"] = profile
     result["metrics"] = summarize(result["rows"])
 
 
 def summarize(rows: list[dict]) -> dict:
     out = {}
-    for key in ("before_ms", "after_ms", "after_evaluate_ms"):
+    for key in ("before_ms", "after_ms"):
         per_rank = {"all": metrics([r[key] for r in rows], [r["measured_ms"] for r in rows])}
         for W in (2, 4):
             sel = [r for r in rows if r["world_size"] == W]
@@ -145,8 +138,7 @@ def summarize(rows: list[dict]) -> dict:
 def markdown(result: dict, command: str) -> str:
     m = result["metrics"]
     names = {"before_ms": "before: datasheet `topology=cpu`, `evaluate`",
-             "after_ms": f"after: `{result['profile']}`, `predict_ranks` (half duplex + fixed costs)",
-             "after_evaluate_ms": f"after: `{result['profile']}`, `evaluate` as the planner uses it today"}
+             "after_ms": f"after: `topology={result['profile']}`, `evaluate` (what the search minimises)"}
     lines = [
         "## Cost model accuracy: predicted vs measured per-rank step time", "",
         f"Command: `{command}`. {result['cpu']}, {result['cores']} cores; load average {result['load_start'][0]:.1f} at start, "

@@ -12,21 +12,18 @@ line on stderr, ``embshard-plan: error: ...``.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import hydra
-import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from embshard import planner
+from embshard.cli import fail, run_hydra_app
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
@@ -34,7 +31,7 @@ from embshard.topology import Topology
 
 CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
 PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
-EXIT_BAD_INPUT = 2
+PROG = "embshard-plan"
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
 # a relative config_path of an imported module as a Python package.
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -110,13 +107,6 @@ def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
     return {**seconds, **flags}
 
 
-def fail(message: str) -> None:
-    """Exit with the message on one stderr line (Hydra's messages span several)."""
-    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(f"embshard-plan: error: {one_line}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
-
-
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="plan")
 def hydra_main(cfg: DictConfig) -> None:
     console = Console()
@@ -126,22 +116,11 @@ def hydra_main(cfg: DictConfig) -> None:
         raw = OmegaConf.to_container(cfg, resolve=True)
         run(raw, HydraConfig.get().runtime.choices.get("tables", "?"), console)
     except (ValueError, OmegaConfBaseException) as e:
-        fail(str(e))
+        fail(PROG, str(e))
 
 
 def main() -> None:
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's tracebacks
-        hydra_main()
-        return
-    # Hydra then raises its config errors (unknown option, bad override) instead of
-    # printing them over several lines; they end here as one line, like ours.
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:  # includes unreadable config files
-        fail(str(e).split("Config search path:")[0])  # the search path listing is noise here
-    finally:
-        del os.environ["HYDRA_FULL_ERROR"]
+    run_hydra_app(PROG, hydra_main)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,18 @@ exit status 2 and one line on stderr, ``embshard-calibrate: error: ...``.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import hydra
-import yaml
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard.calibrate.calibrate import (base_topology, fit_data, measure_all, profile_yaml, read_data, validate, write_data,
                                           write_profile)
+from embshard.cli import fail, run_hydra_app
 from embshard.plan_cli import CONFIG_DIR
 
-EXIT_BAD_INPUT = 2
 PROG = "embshard-calibrate"
 
 
@@ -50,33 +47,18 @@ def run(cfg: dict) -> Path:
     return path
 
 
-def fail(message: str) -> None:
-    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(f"{PROG}: error: {one_line}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
-
-
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
 def hydra_main(cfg: DictConfig) -> None:
     try:
         run(OmegaConf.to_container(cfg, resolve=True))
     except (ValueError, OmegaConfBaseException) as e:
-        fail(str(e))
+        fail(PROG, str(e))
     except RuntimeError as e:  # a spawned rank failed: say which and why, on one line
-        fail(f"measurement failed: {e}")
+        fail(PROG, f"measurement failed: {e}")
 
 
 def main() -> None:
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        hydra_main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:
-        fail(str(e).split("Config search path:")[0])
-    finally:
-        del os.environ["HYDRA_FULL_ERROR"]
+    run_hydra_app(PROG, hydra_main)
 
 
 if __name__ == "__main__":

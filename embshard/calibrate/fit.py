@@ -4,8 +4,9 @@ The planner's predicted time of a rank's phase is linear in the terms it is fitt
 1 / bandwidth for hbm_gb_per_s and intra_host_gb_per_s, and every term of
 Topology.CALIBRATED_TERMS (ns per unit of work, ms per call). So the design matrix is
 built by the cost model itself: column k of a measured (plan, rank, phase) is what
-`predict_ranks` says for that rank and phase on a topology where term k is one unit and
-every other term is off. Fitting is then non-negative least squares on relative errors
+`embshard.planner.cost.perf.rank_perfs` (the model `evaluate` reports and the search
+minimises) says for that rank and phase on a topology where term k is one unit and every
+other term is off. Fitting is then non-negative least squares on relative errors
 (each row divided by its measured time plus FLOOR_MS), with each data source (kernel
 microbenchmarks, collective microbenchmarks, plans run on ranks) weighted equally.
 Sequence-only terms are fitted afterwards on the sequence samples, the shared terms fixed,
@@ -31,7 +32,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from embshard.calibrate.measure import PHASES
-from embshard.calibrate.predict import predict_ranks
+from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
@@ -71,7 +72,7 @@ def unit_topology(base: Topology, term: str | None) -> Topology:
 def plan_rows(sample: Sample, phases: Sequence[str] = PHASES) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
     """Design rows (one per rank and phase), measured ms, and (source, phase) labels."""
     p = sample.plan
-    columns = [predict_ranks(p.specs, unit_topology(p.topology, t), p.tables) for t in TERMS]
+    columns = [rank_perfs(p.specs, unit_topology(p.topology, t), p.tables) for t in TERMS]
     X, y, labels = [], [], []
     for r, measured in enumerate(sample.measured):
         for phase in phases:
@@ -184,7 +185,7 @@ def phase_factors(samples: Sequence[Sample], theta: dict[str, float]) -> dict[st
     den = dict.fromkeys(PHASE_FACTORS, 0.0)
     for s in samples:
         topo = to_topology(s.plan.topology, theta)
-        for pred, meas in zip(predict_ranks(s.plan.specs, topo, s.plan.tables), s.measured):
+        for pred, meas in zip(rank_perfs(s.plan.specs, topo, s.plan.tables), s.measured):
             w = 1.0 / (sum(meas[p] for p in PHASES) + FLOOR_MS) ** 2
             for factor, phases in FACTOR_PHASES.items():
                 for phase in phases:
@@ -200,7 +201,7 @@ def fit_errors(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]],
     errors: dict[str, list[float]] = {}
     for s in samples:
         topo = to_topology(s.plan.topology, theta, factors if s.source == "plans" else None)
-        for pred, meas in zip(predict_ranks(s.plan.specs, topo, s.plan.tables), s.measured):
+        for pred, meas in zip(rank_perfs(s.plan.specs, topo, s.plan.tables), s.measured):
             total = sum(meas[p] for p in PHASES)
             errors.setdefault(s.source, []).append(abs(pred.total_ms - total) / total)
     if collectives:

@@ -9,11 +9,14 @@ ShardedEmbeddingBagCollection, sequence tables in a ShardedEmbeddingCollection),
 synthetic batches drawn from the table specs (embshard.calibrate.synthetic) and runs
 forward + backward (with the fused optimizer update). Phases are those of the planner's
 `Perf`: forward phases come from the collections' timer hook (`collection.timer`, the
-runtime's PhaseTimer interface); backward phases from autograd node hooks: the all-to-all
-backward nodes are output_dist_bwd, the lookup kernels' backward nodes lookup_bwd, and the
-collectives data-parallel replicas run inside their backward dp_allreduce (timed by wrapping
-torch.distributed's collectives in the measuring process). Backward work outside those nodes
-(output assembly) counts as output_dist_bwd. The step is forward + backward of the
+runtime's PhaseTimer interface); backward phases from autograd node hooks: the lookup
+kernels' backward nodes are lookup_bwd; the collectives' backward nodes are output_dist_bwd:
+the sharded tables' all-to-all (`_AllToAll`) and the data-parallel replicas' exchange of
+every rank's pooled gradients (`_LocalPart`, embshard.runtime.comm.local_part), which the
+cost model charges to output_dist_bwd too (replicated_lookup_perf); collectives run inside a
+lookup backward node count as dp_allreduce (timed by wrapping torch.distributed's
+collectives in the measuring process). Backward work outside those nodes (output assembly)
+counts as output_dist_bwd. The step is forward + backward of the
 collections; the harness's own work (batches, gradient seeds, hooks) is not counted.
 
 Each phase is timed two ways: CPU time of the rank's process (user + system, all its
@@ -102,16 +105,18 @@ class PhaseClock:
         self.wall.clear()
 
 
+# backward node (class name fragment) -> phase
+BACKWARD_NODES = {"LookupFunction": "lookup_bwd_ms", "_TorchLookup": "lookup_bwd_ms",  # FBGEMM / torch lookup kernels
+                  "_AllToAll": "output_dist_bwd_ms",  # sharded tables' embedding gradients back to the holders
+                  "_LocalPart": "output_dist_bwd_ms"}  # data-parallel replicas: every rank's gradients to every replica
+
+
 def _node_phase(name: str) -> str | None:
-    if "LookupFunction" in name or "_TorchLookup" in name:
-        return "lookup_bwd_ms"
-    if "_AllToAll" in name:
-        return "a2a_bwd"
-    return None
+    return next((phase for fragment, phase in BACKWARD_NODES.items() if fragment in name), None)
 
 
 def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
-    """Time the lookup and all-to-all nodes of the graph behind ``roots``; returns how many."""
+    """Time the lookup and collective nodes (BACKWARD_NODES) of the graph behind ``roots``; returns how many."""
     seen: set[int] = set()
     stack = [t.grad_fn for t in roots if t.grad_fn is not None]
     found = 0
@@ -225,8 +230,8 @@ def summarize_rank(raw: dict[str, Any]) -> RankMeasurement:
     """Per-step seconds -> median ms per phase. The step is the collections' forward calls and
     the backward pass (not the harness's own work: batches, gradient seeds, hooks). Forward
     work outside the collections' timed phases (packaging outputs) and backward work outside
-    the timed nodes (assembly gradients) count as output dist; collectives inside data-parallel
-    lookup nodes count as dp_allreduce and are taken out of lookup_bwd."""
+    the timed nodes (assembly gradients) count as output dist, with the timed collective
+    nodes; collectives inside lookup nodes count as dp_allreduce and are taken out of lookup_bwd."""
     cpu_rows, wall_rows = [], []
     for step in raw["per_step"]:
         for which, rows in ((0, cpu_rows), (1, wall_rows)):
@@ -237,7 +242,8 @@ def summarize_rank(raw: dict[str, Any]) -> RankMeasurement:
             lookup_bwd = max(get("lookup_bwd_ms") - allreduce, 0.0)
             row["lookup_bwd_ms"] = lookup_bwd
             row["dp_allreduce_ms"] = allreduce
-            row["output_dist_bwd_ms"] = max(get("backward") - lookup_bwd - allreduce, 0.0)
+            collectives = get("output_dist_bwd_ms")
+            row["output_dist_bwd_ms"] = collectives + max(get("backward") - lookup_bwd - allreduce - collectives, 0.0)
             row["total_ms"] = get("forward") + get("backward")
             rows.append(row)
     med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
@@ -303,3 +309,21 @@ def measure_plans(plans: Sequence[ShardingPlan], *, steps: int = 10, warmup: int
         raws = [r["plans"][i] for r in per_rank]
         out.append(PlanMeasurement(tuple(summarize_rank(raw) for raw in raws), raws[0]["step_wall_s"] * 1e3, steps))
     return out
+
+
+def measure_rounds(plans: Sequence[ShardingPlan], rounds: int, *, steps: int = 10, warmup: int = 3, timeout_s: float = 3600.0,
+                   log=print) -> list[list[PlanMeasurement]]:
+    """Measure plans of one world size ``rounds`` times, every other round in reverse order,
+    so slow drifts of the machine's load hit every plan alike; per plan, its measurement of
+    each round (in round order)."""
+    if rounds < 1:
+        raise ValueError(f"measure_rounds: rounds must be >= 1, got {rounds}")
+    if not plans:
+        return []
+    per_plan: list[list[PlanMeasurement]] = [[] for _ in plans]
+    for rnd in range(rounds):
+        order = list(range(len(plans))) if rnd % 2 == 0 else list(range(len(plans)))[::-1]
+        log(f"round {rnd + 1}/{rounds}: measuring {len(plans)} plans on {plans[0].topology.world_size} ranks")
+        for j, m in zip(order, measure_plans([plans[j] for j in order], steps=steps, warmup=warmup, timeout_s=timeout_s)):
+            per_plan[j].append(m)
+    return per_plan

@@ -16,9 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from embshard.calibrate.measure import PHASES, PlanMeasurement, measure_plans
-from embshard.calibrate.predict import predict_ranks
 from embshard.planner.plan import ShardingPlan
-from embshard.planner.types import Perf
 
 SHORT = {"input_dist_ms": "input", "lookup_fwd_ms": "lookup fwd", "output_dist_fwd_ms": "out fwd",
          "output_dist_bwd_ms": "out bwd", "lookup_bwd_ms": "lookup bwd", "dp_allreduce_ms": "dp sync"}
@@ -57,35 +55,32 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float(spearmanr(x, y)[0])
 
 
-def comparison_table(plan: ShardingPlan, measured: PlanMeasurement, predicted: Sequence[Perf]) -> Table:
+def comparison_table(plan: ShardingPlan, measured: PlanMeasurement) -> Table:
+    """Per rank and phase: the plan's predicted ms (its evaluate() report) / measured CPU ms."""
     table = Table(title=f"predicted / measured ms per rank and phase (measured: CPU time of the rank, median of {measured.steps} steps)")
     table.add_column("rank", justify="right")
     for p in PHASES:
         table.add_column(SHORT[p], justify="right")
     for title in ("total pred", "total meas", "error", "wall"):
         table.add_column(title, justify="right")
-    for r, (pred, meas) in enumerate(zip(predicted, measured.ranks)):
+    for r, (pred, meas) in enumerate(zip((x.perf for x in plan.ranks), measured.ranks)):
         total = meas.cpu_ms["total_ms"]
         table.add_row(str(r), *(f"{getattr(pred, p):.2f} / {meas.cpu_ms[p]:.2f}" for p in PHASES),
                       f"{pred.total_ms:.2f}", f"{total:.2f}", f"{(pred.total_ms - total) / total:+.0%}", f"{meas.wall_ms['total_ms']:.1f}")
     return table
 
 
-def summary_lines(plan: ShardingPlan, measured: PlanMeasurement, predicted: Sequence[Perf]) -> list[str]:
-    pred = [p.total_ms for p in predicted]
+def summary_lines(plan: ShardingPlan, measured: PlanMeasurement) -> list[str]:
+    pred = [r.perf.total_ms for r in plan.ranks]
     meas = [r.cpu_ms["total_ms"] for r in measured.ranks]
     worst_p, worst_m = max(range(len(pred)), key=pred.__getitem__), max(range(len(meas)), key=meas.__getitem__)
     errors = sorted(abs(p - m) / m for p, m in zip(pred, meas))
-    lines = [
+    return [
         f"slowest rank: predicted {max(pred):.2f} ms (rank {worst_p}), measured {max(meas):.2f} ms CPU (rank {worst_m}); "
         f"median |error| over ranks {errors[len(errors) // 2]:.1%}; rank-order Spearman {spearman(pred, meas):.2f}",
         f"wall clock: {measured.step_wall_ms:.1f} ms per step with all {len(meas)} ranks on {os.cpu_count()} cores "
         f"(load average {os.getloadavg()[0]:.1f}); wall time also counts waiting for peers and sharing cores",
     ]
-    if plan.topology.full_duplex is False:
-        lines.append("predicted with half-duplex all-to-alls and fixed per-step costs (embshard.calibrate.predict); "
-                     "the per-rank table above the summary uses the planner's evaluate()")
-    return lines
 
 
 def measure_report(plan: ShardingPlan, steps: int, console: Console, warmup: int = 3, timeout_s: float = 1800) -> PlanMeasurement:
@@ -94,8 +89,7 @@ def measure_report(plan: ShardingPlan, steps: int, console: Console, warmup: int
     console.print(f"measuring: {plan.topology.world_size} local gloo ranks, {warmup} warm-up + {steps} steps, "
                   f"batch {plan.topology.batch_size_per_rank} per rank", markup=False, highlight=False)
     measured = measure_plans([plan], steps=steps, warmup=warmup, timeout_s=timeout_s)[0]
-    predicted = predict_ranks(plan.specs, plan.topology, plan.tables)
-    console.print(comparison_table(plan, measured, predicted))
-    for line in summary_lines(plan, measured, predicted):
+    console.print(comparison_table(plan, measured))
+    for line in summary_lines(plan, measured):
         console.print(line, markup=False, highlight=False)
     return measured

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Mapping, Sequence
 
-from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
+from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
@@ -23,7 +23,7 @@ from embshard.planner.search.local import local_search
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
-from embshard.planner.types import COMPUTE_KERNEL, Constraints, Perf, Shard, ShardingType, Storage
+from embshard.planner.types import COMPUTE_KERNEL, Constraints, Shard, ShardingType, Storage
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
 
@@ -110,27 +110,24 @@ def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
              constraints: Constraints | None = None, *, lower_bound: float | None = None,
              search: Mapping | None = None) -> ShardingPlan:
-    """Cost a placement with embshard's model: per-rank perf by phase, memory, lower bound."""
+    """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
+    search minimises): per-rank perf by phase, memory, lower bound."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
     by_name = {s.name: s for s in specs}
     W = topology.world_size
-    held, requester, every = [Perf()] * W, Perf(), Perf()
     storage, every_storage = [Storage()] * W, Storage()
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every = every + data_parallel_perf(spec, topology)
             every_storage = every_storage + data_parallel_storage(spec, topology)
             continue
-        k = len(t.shards)
-        requester = requester + requester_perf(spec, topology, t.sharding_type, k)
         every_storage = every_storage + requester_storage(spec, topology)
         for s in t.shards:
-            held[s.rank] = held[s.rank] + holder_perf(spec, topology, t.sharding_type, s.num_rows, s.num_cols, k)
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols)
-    ranks = tuple(RankReport(r, _rank_perf(held[r], requester, every), storage[r] + every_storage) for r in range(W))
+    perfs = rank_perfs(specs, topology, placements)
+    ranks = tuple(RankReport(r, perfs[r], storage[r] + every_storage) for r in range(W))
     if lower_bound is None:
         problem = build_problem(specs, topology, constraints)
         check_memory(problem)
@@ -138,18 +135,6 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     return ShardingPlan(
         tables=tuple(placements), specs=specs, topology=topology, ranks=ranks, lower_bound_ms=lower_bound,
         input_hash=input_hash(specs, topology, repr(constraints)), search=dict(search or {"method": "evaluated"}),
-    )
-
-
-def _rank_perf(held: Perf, requester: Perf, every: Perf) -> Perf:
-    """All-to-all phases take the larger of the holder and requester sides (full duplex)."""
-    return Perf(
-        input_dist_ms=max(held.input_dist_ms, requester.input_dist_ms),
-        lookup_fwd_ms=held.lookup_fwd_ms + every.lookup_fwd_ms,
-        output_dist_fwd_ms=max(held.output_dist_fwd_ms, requester.output_dist_fwd_ms),
-        output_dist_bwd_ms=max(held.output_dist_bwd_ms, requester.output_dist_bwd_ms),
-        lookup_bwd_ms=held.lookup_bwd_ms + every.lookup_bwd_ms,
-        dp_allreduce_ms=held.dp_allreduce_ms + every.dp_allreduce_ms,
     )
 
 

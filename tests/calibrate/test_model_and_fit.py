@@ -12,10 +12,9 @@ from embshard.calibrate.calibrate import profile_yaml
 from embshard.calibrate.fit import TERMS, Sample, fit, unit_topology
 from embshard.calibrate.kernels import KernelPoint
 from embshard.calibrate.measure import PHASES
-from embshard.calibrate.predict import predict_ranks
 from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.planner import evaluate, plan
-from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf
+from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf, rank_perfs
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
@@ -35,7 +34,7 @@ def test_defaults_are_the_datasheet_model():
     assert all(getattr(topo, f) == 1.0 for f in PHASE_FACTORS)
     specs = generate_tables(30, seed=2, sequence_fraction=0.3)
     p = plan(specs, topo, time_budget_s=1)
-    assert [x.to_dict() for x in predict_ranks(specs, topo, p.tables)] == [r.perf.to_dict() for r in p.ranks]
+    assert [x.to_dict() for x in rank_perfs(specs, topo, p.tables)] == [r.perf.to_dict() for r in p.ranks]
 
 
 def test_terms_apply_where_documented():
@@ -79,13 +78,13 @@ def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
             [("fbgemm", False, n, 32, b, p) for n in (100, 50_000) for b, p in ((64, 2.0), (1024, 10.0))] + \
             [("dp", True, n, d, b, p) for n in (100, 5_000) for d in (16, 64) for b, p in ((64, 3.0), (1024, 20.0))]:
         p_ = KernelPoint(kind, pooled, rows, dim, batch, pf).plan()
-        pred = predict_ranks(p_.specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=batch,
+        pred = rank_perfs(p_.specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=batch,
                                                **{f: 1.0 for f in PHASE_FACTORS}), p_.tables)
         samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "kernels"))
     for i in range(4):
         topo = replace(CPU, world_size=2 + 2 * (i % 2), local_world_size=2 + 2 * (i % 2), batch_size_per_rank=256)
         p_ = random_plan(bench_tables(6, seed=i, max_rows=20_000), topo, seed=i)
-        pred = predict_ranks(p_.specs, replace(truth, world_size=topo.world_size, local_world_size=topo.world_size,
+        pred = rank_perfs(p_.specs, replace(truth, world_size=topo.world_size, local_world_size=topo.world_size,
                                                batch_size_per_rank=256), p_.tables)
         samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "plans"))
     collectives = []

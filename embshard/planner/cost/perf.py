@@ -16,9 +16,9 @@ Who pays what:
 - Data-parallel tables cost *every rank* a local lookup, a dense update and a gradient
   all-reduce.
 
-A rank's all-to-all phase takes max(bytes it sends, bytes it receives) / bandwidth, since
-links are full duplex; `rank_perf` in the search combines holder and requester sides that
-way. Traffic between a rank and the other ranks is spread uniformly: (L-1)/W of it stays in
+A rank's all-to-all phase takes max(bytes it sends, bytes it receives) / bandwidth on
+full-duplex links; `rank_perf` combines holder and requester sides that way (their sum on
+half-duplex ones). Traffic between a rank and the other ranks is spread uniformly: (L-1)/W of it stays in
 the host (intra-host bandwidth), (W-L)/W crosses hosts (one NIC per rank). Lookups are
 memory-bound: bytes moved / HBM bandwidth, with rows rounded up to 32-byte sectors. Ids are
 assumed spread uniformly over rows (a row shard with n of N rows gets n/N of the ids).
@@ -41,7 +41,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   come from one kernel or collective at a time, the factors from whole steps on all ranks.
 `rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
 ``topology.full_duplex`` false (gloo on CPU) an all-to-all phase costs holder + requester
-side instead of their max.
+side instead of their max. `rank_perfs` applies all of it to a placement: it is the one
+model behind `embshard.planner.evaluate`, the search's objective and the calibration fit.
 """
 
 from __future__ import annotations
@@ -241,21 +242,37 @@ def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
                 lookup_bwd_ms=held.lookup_bwd_ms)
 
 
-def num_kernel_calls(specs: Sequence[TableSpec], placements: Sequence, rank: int) -> int:
-    """Lookup kernels a rank runs per step (placements: TablePlacement-like), grouped as the
-    runtime groups them: pooled sharded blocks by optimizer, sequence blocks by (optimizer,
-    width), data-parallel replicas (on every rank) by (optimizer, dim)."""
+def kernel_group(spec: TableSpec, stype: ShardingType, num_cols: int) -> tuple:
+    """The lookup kernel a block of ``spec`` runs in, as the runtime groups them: pooled
+    sharded blocks by optimizer, sequence blocks by (optimizer, width), data-parallel
+    replicas (on every rank) by (optimizer, dim)."""
+    if stype is ShardingType.DATA_PARALLEL:
+        return ("dp", spec.pooled, spec.optimizer, spec.embedding_dim)
+    return ("sharded", spec.pooled, spec.optimizer, 0 if spec.pooled else num_cols)
+
+
+def kernel_calls_per_rank(specs: Sequence[TableSpec], placements: Sequence, world_size: int) -> list[int]:
+    """Lookup kernels each rank runs per step (placements: TablePlacement-like)."""
     by_name = {s.name: s for s in specs}
-    kernels = set()
+    every, held = set(), [set() for _ in range(world_size)]
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            kernels.add(("dp", spec.pooled, spec.optimizer, spec.embedding_dim))
+            every.add(kernel_group(spec, t.sharding_type, spec.embedding_dim))
             continue
         for s in t.shards:
-            if s.rank == rank:
-                kernels.add(("sharded", spec.pooled, spec.optimizer, 0 if spec.pooled else s.num_cols))
-    return len(kernels)
+            held[s.rank].add(kernel_group(spec, t.sharding_type, s.num_cols))
+    return [len(every) + len(h) for h in held]
+
+
+def num_collections(specs: Sequence[TableSpec]) -> int:
+    """Sharded collections a step runs: one for pooled tables, one for sequence tables."""
+    return len({s.pooled for s in specs})
+
+
+def kernel_call_ms(topo: Topology) -> float:
+    """Fixed cost of one more lookup kernel on a rank (forward and backward; 0 in the datasheet model)."""
+    return fixed_perf(topo, 0, 1).total_ms
 
 
 def fixed_perf(topo: Topology, num_collections: int, num_kernel_calls: int) -> Perf:
@@ -287,3 +304,24 @@ def rank_perf(held: Perf, requester: Perf, every: Perf, fixed: Perf, topo: Topol
         lookup_bwd_ms=held.lookup_bwd_ms + every.lookup_bwd_ms + fixed.lookup_bwd_ms,
         dp_allreduce_ms=held.dp_allreduce_ms + every.dp_allreduce_ms + fixed.dp_allreduce_ms,
     )
+
+
+def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence) -> list[Perf]:
+    """Every rank's predicted Perf (index = rank) for placements (TablePlacement-like): the one
+    cost model that `embshard.planner.evaluate` reports, the search minimises (its flattened
+    form, embshard.planner.search.problem) and the calibration fits."""
+    by_name = {s.name: s for s in specs}
+    W = topo.world_size
+    held, requester, every = [Perf()] * W, Perf(), Perf()
+    for t in placements:
+        spec = by_name[t.name]
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            every = every + data_parallel_perf(spec, topo)
+            continue
+        k = len(t.shards)
+        requester = requester + requester_perf(spec, topo, t.sharding_type, k)
+        for s in t.shards:
+            held[s.rank] = held[s.rank] + holder_perf(spec, topo, t.sharding_type, s.num_rows, s.num_cols, k)
+    collections = num_collections(specs)
+    return [rank_perf(held[r], requester, every, fixed_perf(topo, collections, calls), topo)
+            for r, calls in enumerate(kernel_calls_per_rank(specs, placements, W))]

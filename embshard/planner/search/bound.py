@@ -2,10 +2,10 @@
 
 Variables y[u,c] in [0,1] pick candidate c for unit u (sum_c y[u,c] = 1), m_p bounds each
 all-to-all phase p, z is the bound. Any feasible plan satisfies:
-- z >= sum_p m_p + (compute of all shards)/W + every-rank compute, with m_p >= U_p (the
+- z >= sum_p m_p + (compute of all shards)/W + every-rank time (with the fixed base_ms), with m_p >= U_p (the
   requester side, the same on every rank) and m_p >= (holder side summed over ranks)/W:
   the slowest rank is at least the average rank, and max(H, U) is convex (Jensen);
-- z >= the largest shard of u's candidate plus its every-rank compute, for every u;
+- z >= the largest shard of u's candidate plus its every-rank time and base_ms, for every u;
 - sum of all candidates' bytes <= W * per-rank cap, and the data-parallel replicas
   (held by every rank) <= one rank's cap.
 Candidates whose largest shard cannot fit any rank are excluded. Solved with HiGHS.
@@ -44,7 +44,7 @@ def lower_bound_ms(problem: Problem) -> float:
     for p in range(3):
         add(row, M0 + p, 1.0)
     add(row, Z, -1.0)
-    b_ub.append(0.0)
+    b_ub.append(0.0 - problem.base_ms)
     row += 1
     # m_p >= requester side and >= average holder side
     for p in range(3):
@@ -61,7 +61,7 @@ def lower_bound_ms(problem: Problem) -> float:
         if ui not in first_row_of_unit:
             first_row_of_unit[ui] = row
             add(row, Z, -1.0)
-            b_ub.append(0.0)
+            b_ub.append(0.0 - problem.base_ms)
             row += 1
         add(first_row_of_unit[ui], j, max(cv.shard_cost, default=0.0) + cv.every_ms)
     # memory of the whole cluster

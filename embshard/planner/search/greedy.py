@@ -147,7 +147,7 @@ def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, in
         rest_bytes += rest
         for ci, cv in enumerate(unit.cands):
             if cv.data_parallel and sharded:
-                saving = min(sum(s.req_vec) for s in sharded) - cv.every_ms
+                saving = min(sum(s.req_vec) + s.every_ms for s in sharded) - cv.every_ms  # (half duplex: requester side in every_ms)
                 if saving > 0:
                     options.append((saving / max(cv.every_mem, 1), ui, ci, cv.every_mem, rest))
     budget = problem.free_bytes - headroom * rest_bytes / W

@@ -42,7 +42,8 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     for ui, si in state.held[r].items():
         cv = units[ui].cands[state.choice[ui][0]]
         v, m = cv.shard_vec[si], cv.shard_mem[si]
-        new_r = state.cost_with(r, v, -1)
+        kernels = cv.shard_kernels[si] if cv.shard_kernels else ()
+        new_r = state.cost_with(r, v, -1, kernels)
         if new_r >= cmax - EPS:
             continue
         tried = 0
@@ -53,7 +54,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
                 continue
             tried += 1
             if state.fits(q, m):
-                val = max(new_r, state.cost_with(q, v, 1))
+                val = max(new_r, state.cost_with(q, v, 1, kernels))
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q)
     if best is None:
@@ -91,7 +92,9 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
                 if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
                     continue
                 w = cw.shard_vec[sj]
-                val = max(_cost_delta(state, r, v, w), _cost_delta(state, q, w, v))
+                k_i = cv.shard_kernels[si] if cv.shard_kernels else ()
+                k_j = cw.shard_kernels[sj] if cw.shard_kernels else ()
+                val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q, uj, sj)
     if best is None:
@@ -102,10 +105,12 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     return True
 
 
-def _cost_delta(state: RankState, r: int, out_vec, in_vec) -> float:
+def _cost_delta(state: RankState, r: int, out_vec, in_vec, out_kernels: tuple[int, ...] = (), in_kernels: tuple[int, ...] = ()) -> float:
+    """Rank r's cost if the shard out_vec (running out_kernels) left it and in_vec (in_kernels) came."""
     h, u = state.H[r], state.U
-    return (max(h[0] - out_vec[0] + in_vec[0], u[0]) + max(h[1] - out_vec[1] + in_vec[1], u[1])
-            + max(h[2] - out_vec[2] + in_vec[2], u[2]) + h[3] - out_vec[3] + in_vec[3] + state.E)
+    c = (max(h[0] - out_vec[0] + in_vec[0], u[0]) + max(h[1] - out_vec[1] + in_vec[1], u[1])
+         + max(h[2] - out_vec[2] + in_vec[2], u[2]) + h[3] - out_vec[3] + in_vec[3] + state.E)
+    return c + state.calls_ms(r) + state.calls_delta_ms(r, out_kernels, in_kernels) if state.call_ms else c
 
 
 def _potential(costs: list[float], scale: float) -> float:
@@ -122,7 +127,9 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
     chosen = [(ui, units[ui].cands[ch[0]]) for ui, ch in enumerate(state.choice)]
     dp = [ui for ui, cv in chosen if cv.data_parallel]
     dp.sort(key=lambda ui: -units[ui].cands[state.choice[ui][0]].every_ms)
-    req = sorted((ui for ui, cv in chosen if not cv.data_parallel), key=lambda ui: -sum(units[ui].cands[state.choice[ui][0]].req_vec))
+    # (on half-duplex topologies the requester side is folded into every_ms)
+    req = sorted((ui for ui, cv in chosen if not cv.data_parallel),
+                 key=lambda ui: -(sum(units[ui].cands[state.choice[ui][0]].req_vec) + units[ui].cands[state.choice[ui][0]].every_ms))
     out, seen = [], set()
     for ui in hot + dp[:max_units] + req[:max_units]:
         if ui not in seen:

@@ -5,15 +5,20 @@ table-wise on one rank. Each candidate is flattened to plain floats for speed:
 shard vector (input, output fwd, output bwd, compute) in ms, shard bytes, the requester
 vector every rank pays on its all-to-all phases, the every-rank compute and bytes.
 
-A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E  over the three
+A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E + c * K  over the three
 all-to-all phases p, where H sums the shards it holds, U the requester side of every
-table and E the every-rank (data-parallel) compute.
+table, E the every-rank time (data-parallel tables and the step's fixed per-collection
+costs) and K the lookup kernels the rank runs, at c = `kernel_call_ms` each. This is
+`embshard.planner.cost.perf.rank_perfs` flattened: on half-duplex topologies
+(``full_duplex`` false) an all-to-all phase costs H_p + U_p, so the requester side is
+folded into E and U is zero; c and the fixed costs are 0 in the datasheet model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embshard.planner.cost.perf import fixed_perf, kernel_call_ms, kernel_group, num_collections
 from embshard.planner.cost.storage import requester_storage
 from embshard.planner.enumerate import candidate, enumerate_candidates
 from embshard.planner.types import Candidate, Constraints, Perf, ShardingType
@@ -36,6 +41,8 @@ class CandVec:
     every_mem: int
     host_bound: bool
     data_parallel: bool
+    shard_kernels: tuple[tuple[int, ...], ...] = ()  # per shard: the lookup kernels it runs in (when they cost)
+    every_kernels: tuple[int, ...] = ()  # kernels every rank runs for it (data-parallel)
 
     @property
     def num_shards(self) -> int:
@@ -51,8 +58,10 @@ class CandVec:
         return sum(self.shard_cost)
 
 
-def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology) -> CandVec:
-    """Flatten one candidate per member table (members of a unit are placed shard-aligned)."""
+def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index) -> CandVec:
+    """Flatten one candidate per member table (members of a unit are placed shard-aligned).
+
+    kernel_index: kernel group -> int, or None when kernel calls cost nothing."""
     assert all(c.num_shards == cands[0].num_shards and c.sharding_type is cands[0].sharding_type for c in cands)
     # equal blocks share one ShardCost object: flatten each distinct one once
     columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
@@ -67,13 +76,24 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
     every_ms, every_mem = 0.0, 0
     for c, spec in zip(cands, specs):
         rv = perf_vector(c.requester)
-        req = [a + b for a, b in zip(req, rv[:3])]
+        if topo.full_duplex:
+            req = [a + b for a, b in zip(req, rv[:3])]
+        else:  # half duplex: every rank pays its requester side on top of what it holds
+            every_ms += sum(rv[:3])
         every_ms += c.every_rank.total_ms
         # every layout pays the requester buffers; they are reserved up front (Problem.base_mem)
         every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo).total_bytes
     st = cands[0].sharding_type
+    shard_kernels, every_kernels = (), ()
+    if kernel_index is not None:
+        if st is ShardingType.DATA_PARALLEL:
+            every_kernels = tuple(sorted({kernel_index(kernel_group(s, st, s.embedding_dim)) for s in specs}))
+        else:
+            blocks = [c.blocks for c in cands]
+            shard_kernels = tuple(tuple(sorted({kernel_index(kernel_group(s, st, b[i].num_cols)) for s, b in zip(specs, blocks)}))
+                                  for i in range(len(per_shard)))
     return CandVec(tuple(cands), tuple(vecs), tuple(f[1] for f in per_shard), tuple(f[2] for f in per_shard), tuple(req),
-                   every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL)
+                   every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL, shard_kernels, every_kernels)
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,8 @@ class Problem:
     units: tuple[Unit, ...]
     cap_bytes: int
     base_mem: int  # bytes every rank holds whatever the layout (its own samples' output buffers)
+    base_ms: float = 0.0  # time every rank spends whatever the layout (fixed per-collection costs)
+    call_ms: float = 0.0  # fixed cost of each lookup kernel a rank runs
 
     @property
     def free_bytes(self) -> int:
@@ -121,6 +143,9 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     grouped = {n for g in constraints.keep_together for n in g}
     members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
     units = []
+    call_ms = kernel_call_ms(topo)
+    kernels: dict[tuple, int] = {}
+    kernel_index = (lambda key: kernels.setdefault(key, len(kernels))) if call_ms else None
     all_ranks = set(range(topo.world_size))
     for tables in members:
         ranks = set(all_ranks)
@@ -131,18 +156,19 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
-            cands = tuple(_combine([c], tables, topo) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible))
+            cands = tuple(_combine([c], tables, topo, kernel_index) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
                     raise ValueError(f"constraints.keep_together: {t.name!r} is kept together with others (placed table_wise on one rank) but its sharding_types exclude table_wise")
-            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables], tables, topo),)
+            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables], tables, topo, kernel_index),)
         if not cands:
             raise ValueError(f"constraints.tables.{tables[0].name}: no sharding of this table satisfies its constraints "
                              f"(allowed types {[s.value for s in constraints.for_table(tables[0].name).sharding_types]}); allow more types or ranks")
         units.append(Unit(tables, cands, tuple(sorted(ranks))))
     base_mem = sum(requester_storage(s, topo).total_bytes for s in specs)
-    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem)
+    base_ms = fixed_perf(topo, num_collections(specs), 0).total_ms
+    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms)
 
 
 class RankState:
@@ -154,10 +180,15 @@ class RankState:
         self.H = [[0.0, 0.0, 0.0, 0.0] for _ in range(W)]
         self.mem = [0] * W
         self.U = [0.0, 0.0, 0.0]
-        self.E = 0.0
+        self.E = problem.base_ms
         self.UM = problem.base_mem
         self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
         self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
+        # lookup kernels (only tracked when they cost): shards per kernel on each rank, and
+        # data-parallel units per kernel every rank runs; K of a rank = len(kernels[r]) + len(every_kernels)
+        self.call_ms = problem.call_ms
+        self.kernels: list[dict[int, int]] = [dict() for _ in range(W)]
+        self.every_kernels: dict[int, int] = {}
 
     def copy(self) -> "RankState":
         """An independent copy sharing the (immutable) problem."""
@@ -169,16 +200,38 @@ class RankState:
         new.E, new.UM = self.E, self.UM
         new.held = [dict(h) for h in self.held]
         new.choice = list(self.choice)
+        new.call_ms = self.call_ms
+        new.kernels = [dict(k) for k in self.kernels]
+        new.every_kernels = dict(self.every_kernels)
         return new
+
+    def calls_ms(self, r: int) -> float:
+        """Fixed cost of the lookup kernels rank r runs (0 in the datasheet model)."""
+        return self.call_ms * (len(self.kernels[r]) + len(self.every_kernels)) if self.call_ms else 0.0
+
+    def calls_delta_ms(self, r: int, removed: tuple[int, ...] = (), added: tuple[int, ...] = ()) -> float:
+        """Change of calls_ms(r) if a shard running kernels `removed` left r and one running `added` came."""
+        if not self.call_ms:
+            return 0.0
+        k = self.kernels[r]
+        gone = sum(1 for g in removed if k.get(g) == 1 and g not in added)
+        new = sum(1 for g in added if not k.get(g) and g not in removed)
+        return self.call_ms * (new - gone)
 
     def cost(self, r: int) -> float:
         h, u = self.H[r], self.U
-        return max(h[0], u[0]) + max(h[1], u[1]) + max(h[2], u[2]) + h[3] + self.E
+        c = max(h[0], u[0]) + max(h[1], u[1]) + max(h[2], u[2]) + h[3] + self.E
+        return c + self.calls_ms(r) if self.call_ms else c
 
-    def cost_with(self, r: int, vec: tuple[float, ...], sign: float) -> float:
+    def cost_with(self, r: int, vec: tuple[float, ...], sign: float, kernels: tuple[int, ...] = ()) -> float:
+        """Rank r's cost if a shard (vector vec, running `kernels`) came (sign 1) or left (-1)."""
         h, u = self.H[r], self.U
-        return (max(h[0] + sign * vec[0], u[0]) + max(h[1] + sign * vec[1], u[1])
-                + max(h[2] + sign * vec[2], u[2]) + h[3] + sign * vec[3] + self.E)
+        c = (max(h[0] + sign * vec[0], u[0]) + max(h[1] + sign * vec[1], u[1])
+             + max(h[2] + sign * vec[2], u[2]) + h[3] + sign * vec[3] + self.E)
+        if not self.call_ms:
+            return c
+        delta = self.calls_delta_ms(r, added=kernels) if sign > 0 else self.calls_delta_ms(r, removed=kernels)
+        return c + self.calls_ms(r) + delta
 
     def costs(self) -> list[float]:
         return [self.cost(r) for r in range(len(self.H))]
@@ -202,9 +255,12 @@ class RankState:
                 self.held[r][ui] = i
             else:
                 del self.held[r][ui]
+            if cv.shard_kernels:
+                _count(self.kernels[r], cv.shard_kernels[i], sign)
         for p in range(3):
             self.U[p] += sign * cv.req_vec[p]
         self.E += sign * cv.every_ms
+        _count(self.every_kernels, cv.every_kernels, sign)
         self.UM += sign * cv.every_mem
         self.choice[ui] = (ci, ranks) if sign > 0 else None
 
@@ -223,8 +279,20 @@ class RankState:
             self.H[dst][p] += v[p]
         self.mem[src] -= m
         self.mem[dst] += m
+        if cv.shard_kernels:
+            _count(self.kernels[src], cv.shard_kernels[shard], -1)
+            _count(self.kernels[dst], cv.shard_kernels[shard], 1)
         del self.held[src][ui]
         self.held[dst][ui] = shard
         new_ranks = list(ranks)
         new_ranks[shard] = dst
         self.choice[ui] = (ci, tuple(new_ranks))
+
+
+def _count(counts: dict[int, int], keys: tuple[int, ...], sign: int) -> None:
+    for g in keys:
+        n = counts.get(g, 0) + sign
+        if n:
+            counts[g] = n
+        else:
+            del counts[g]

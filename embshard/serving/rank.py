@@ -1,0 +1,71 @@
+"""One rank of embshard-serve: join the group, load the shards, then serve (rank 0) or follow.
+
+Ranks other than 0 ignore SIGTERM/SIGINT: they stop when rank 0 sends STOP (it does on
+those signals), or when the group breaks because rank 0 is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import warnings
+from typing import Callable
+
+import torch.distributed as dist
+
+from embshard.serving.batching import Batcher
+from embshard.serving.metrics import ServingMetrics
+from embshard.serving.predictor import ArtifactError, Predictor
+from embshard.serving.serve_cli import EXIT_BAD_INPUT, EXIT_FAILED, ServeSettings
+from embshard.serving.server import build_app, serve
+from embshard.serving.workers import RankWorker
+from embshard.topology import Topology
+from embshard.train import distributed
+from embshard.train.distributed import LOST_GROUP, lost_group
+from embshard.train.launcher import under_torchrun
+
+
+def run_rank(settings: ServeSettings, fail: Callable[..., None]) -> None:
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else 1
+    ctx = None
+    try:
+        ctx = distributed.start(Topology(world_size=world, local_world_size=local_world, device="cpu"),
+                                settings.launcher.collective_timeout_s)
+        if not ctx.is_main:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
+        worker = RankWorker(Predictor.load(settings.artifact, ctx.pg), ctx.pg)
+        memory = worker.gather_memory()
+        if not ctx.is_main:
+            worker.follow()
+            return
+        broken = asyncio.run(_serve(worker, memory, settings))
+        if broken is not None:
+            fail(f"rank 0: {broken}", code=EXIT_FAILED)
+    except ArtifactError as e:  # raised on every rank with the same message
+        if ctx is None or ctx.is_main:
+            fail(str(e))
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except ValueError as e:
+        fail((f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else "") + str(e))
+    except (dist.DistError, RuntimeError) as e:
+        if not lost_group(e):
+            raise
+        fail(f"rank {ctx.rank if ctx is not None else '?'}: {LOST_GROUP.split(';')[0]} "
+             f"({str(e).splitlines()[0][:200]})", code=EXIT_FAILED)
+    finally:
+        if ctx is not None:
+            distributed.stop(ctx)
+
+
+async def _serve(worker: RankWorker, memory: list[dict[str, int]], settings: ServeSettings) -> str | None:
+    """Rank 0: the HTTP server until SIGTERM/SIGINT; why the group broke, if it did."""
+    metrics = ServingMetrics(memory, queue_depth=lambda: batcher.queue_depth())
+    batcher = Batcher(worker.run_batch, worker.heartbeat, worker.stop, settings.batching, settings.server.heartbeat_ms,
+                      metrics)
+    app = build_app(worker.predictor.schema, batcher, metrics, settings.server)
+    await serve(app, batcher, settings.server, worker.world_size)
+    return batcher.broken

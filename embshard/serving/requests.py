@@ -1,0 +1,164 @@
+"""Parse and check the JSON bodies of /predict and /lookup against the served model's schema.
+
+Everything a rank would refuse is refused here, before the batch reaches the collectives:
+a `RequestError` carries the HTTP status and a message that names the field (``samples[3].
+sparse.cat_2[5]``) and how to fix it. Parsed requests are frozen values holding tensors;
+`merge_predicts` stacks the requests of one batch.
+
+/predict body: ``{"samples": [{"dense": [F floats], "sparse": {"cat_0": [ids], ...}}, ...]}``
+(every schema feature in every sample; ``[]`` is an empty bag); /lookup body:
+``{"feature": "cat_3", "ids": [ids]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from embshard.serving.predictor import ServingSchema
+
+
+class RequestError(ValueError):
+    """A request the server refuses: ``status`` is the HTTP status (4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    dense_BF: torch.Tensor  # float32 [B, num_dense]
+    lengths_BF: torch.Tensor  # int64 [B, num_features]: ids per sample and feature (schema order)
+    ids_by_feature: tuple[torch.Tensor, ...]  # per feature (schema order): int64 ids of all samples, sample after sample
+
+    @property
+    def num_samples(self) -> int:
+        return self.dense_BF.shape[0]
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    feature: str
+    ids_N: torch.Tensor  # int64 [N]
+
+    @property
+    def num_samples(self) -> int:
+        return self.ids_N.shape[0]
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"body: not valid JSON ({e}); send a JSON object") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"body: expected a JSON object, got {_type_name(body)}")
+    return body
+
+
+def parse_predict(raw: bytes, schema: ServingSchema, max_request_samples: int) -> PredictRequest:
+    body = parse_body(raw)
+    unknown = sorted(set(body) - {"samples"})
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown field; the body is {{\"samples\": [...]}}")
+    samples = _field(body, "samples", list)
+    if not samples:
+        raise RequestError("samples: empty; send at least one sample")
+    if len(samples) > max_request_samples:
+        raise RequestError(f"samples: {len(samples)} samples, more than max_request_samples={max_request_samples}; "
+                           "split the request", status=413)
+    features = list(schema.sparse_features)
+    dense, lengths = [], []
+    ids: list[list[int]] = [[] for _ in features]
+    for i, sample in enumerate(samples):
+        where = f"samples[{i}]"
+        if not isinstance(sample, dict):
+            raise RequestError(f"{where}: expected an object with 'dense' and 'sparse', got {_type_name(sample)}")
+        unknown = sorted(set(sample) - {"dense", "sparse"})
+        if unknown:
+            raise RequestError(f"{where}.{unknown[0]}: unknown field; a sample has 'dense' and 'sparse'")
+        values = _field(sample, "dense", list, f"{where}.")
+        if len(values) != schema.num_dense:
+            raise RequestError(f"{where}.dense: {len(values)} values, the model takes {schema.num_dense}")
+        dense.append([_number(v, f"{where}.dense[{j}]") for j, v in enumerate(values)])
+        sparse = _field(sample, "sparse", dict, f"{where}.")
+        unknown = sorted(set(sparse) - set(features))
+        if unknown:
+            raise RequestError(f"{where}.sparse.{unknown[0]}: unknown feature; the model's features are "
+                               f"{', '.join(features)}")
+        row = []
+        for f, name in enumerate(features):
+            if name not in sparse:
+                raise RequestError(f"{where}.sparse.{name}: missing; every sample needs every feature ([] for none)")
+            feature_ids = _ids(sparse[name], f"{where}.sparse.{name}", schema.sparse_features[name])
+            ids[f].extend(feature_ids)
+            row.append(len(feature_ids))
+        lengths.append(row)
+    return PredictRequest(dense_BF=torch.tensor(dense, dtype=torch.float32),
+                          lengths_BF=torch.tensor(lengths, dtype=torch.int64).reshape(len(samples), len(features)),
+                          ids_by_feature=tuple(torch.tensor(x, dtype=torch.int64) for x in ids))
+
+
+def parse_lookup(raw: bytes, schema: ServingSchema, max_request_samples: int) -> LookupRequest:
+    body = parse_body(raw)
+    unknown = sorted(set(body) - {"feature", "ids"})
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown field; a lookup has 'feature' and 'ids'")
+    feature = _field(body, "feature", str)
+    if feature not in schema.sparse_features:
+        raise RequestError(f"feature: unknown feature {feature!r}; the model's features are "
+                           f"{', '.join(schema.sparse_features)}")
+    ids = _ids(_field(body, "ids", list), "ids", schema.sparse_features[feature])
+    if not ids:
+        raise RequestError("ids: empty; send at least one id")
+    if len(ids) > max_request_samples:
+        raise RequestError(f"ids: {len(ids)} ids, more than max_request_samples={max_request_samples}; split the "
+                           "request", status=413)
+    return LookupRequest(feature=feature, ids_N=torch.tensor(ids, dtype=torch.int64))
+
+
+def merge_predicts(requests: list[PredictRequest]) -> PredictRequest:
+    """One request holding the samples of ``requests``, in order."""
+    return PredictRequest(
+        dense_BF=torch.cat([r.dense_BF for r in requests]),
+        lengths_BF=torch.cat([r.lengths_BF for r in requests]),
+        ids_by_feature=tuple(torch.cat(per_feature) for per_feature in zip(*(r.ids_by_feature for r in requests))))
+
+
+def _field(obj: dict, key: str, kind: type, prefix: str = ""):
+    """``obj[key]``, checked to be a ``kind``; errors name it ``prefix + key``."""
+    if key not in obj:
+        raise RequestError(f"{prefix}{key}: missing")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise RequestError(f"{prefix}{key}: expected {_KIND_NAMES[kind]}, got {_type_name(value)}")
+    return value
+
+
+def _number(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{where}: expected a finite number, got {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def _ids(values, where: str, num_embeddings: int) -> list[int]:
+    if not isinstance(values, list):
+        raise RequestError(f"{where}: expected a list of ids, got {_type_name(values)}")
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RequestError(f"{where}[{j}]: expected an integer id, got {json.dumps(v)[:40]}")
+        if not 0 <= v < num_embeddings:
+            raise RequestError(f"{where}[{j}]: id {v} out of range; valid ids are 0..{num_embeddings - 1}")
+    return values
+
+
+_KIND_NAMES = {list: "a list", dict: "an object", str: "a string"}
+
+
+def _type_name(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)

@@ -1,0 +1,141 @@
+"""Rank 0's HTTP front end (aiohttp): /predict, /lookup, /healthz, /metrics.
+
+Handlers parse and check the request (4xx naming the field), queue it in the `Batcher`
+and wait for its slice of the batch's result; they never touch a collective. Errors are
+JSON ``{"error": "..."}``: 400/413 for bad requests, 503 for a request that timed out in
+the ranks or a broken group (then /healthz is 503 too, with the reason). `serve` runs until
+SIGTERM/SIGINT, then stops listening, finishes the requests in flight and stops the ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from aiohttp import web
+
+from embshard.serving.batching import BatchKey, Batcher, GroupBroken
+from embshard.serving.metrics import ServingMetrics
+from embshard.serving.predictor import ServingSchema
+from embshard.serving.requests import RequestError, parse_lookup, parse_predict
+
+DEBUG_DELAY_HEADER = "X-Embshard-Debug-Delay-Ms"
+ENDPOINTS = ("/predict", "/lookup", "/healthz", "/metrics")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (printed, and written to port_file)
+    port_file: Optional[str] = None  # write the port here once listening (for scripts and tests)
+    max_request_samples: int = 1024  # more samples (or lookup ids) in one request: 413
+    max_body_bytes: int = 64 << 20  # larger bodies: 413
+    request_timeout_ms: float = 5000.0  # a request not answered by then gets 503
+    heartbeat_ms: float = 1000.0  # idle ranks hear from rank 0 this often (well under the collective timeout)
+    shutdown_timeout_s: float = 10.0  # on SIGTERM, requests in flight get this long to finish
+    debug_delay: bool = False  # accept the X-Embshard-Debug-Delay-Ms header (the last rank sleeps; tests of 503)
+
+
+def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, config: ServerConfig) -> web.Application:
+    timeout_s = config.request_timeout_ms / 1000
+
+    async def answer(request: web.Request, parse, key_of, to_json) -> web.Response:
+        parsed = parse(await request.read(), schema, config.max_request_samples)
+        key = key_of(parsed, _debug_delay_ms(request, config))
+        try:
+            result = await batcher.submit(key, parsed, parsed.num_samples, timeout_s)
+        except asyncio.TimeoutError:
+            return _error(503, f"the ranks did not answer within request_timeout_ms={config.request_timeout_ms:g}; "
+                               "retry, or see /healthz")
+        except GroupBroken as e:
+            return _error(503, str(e))
+        return web.json_response(to_json(result))
+
+    async def predict(request: web.Request) -> web.Response:
+        return await answer(request, parse_predict, lambda r, d: BatchKey("predict", delay_ms=d),
+                            lambda scores: {"scores": scores.tolist()})
+
+    async def lookup(request: web.Request) -> web.Response:
+        return await answer(request, parse_lookup, lambda r, d: BatchKey("lookup", r.feature, d),
+                            lambda rows: {"embeddings": rows.tolist()})
+
+    async def healthz(request: web.Request) -> web.Response:
+        if batcher.broken is not None:
+            return web.json_response({"status": "unhealthy", "reason": batcher.broken}, status=503)
+        return web.json_response({"status": "ok", "world_size": schema.world_size})
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        return web.json_response(metrics.snapshot())
+
+    @web.middleware
+    async def measure(request: web.Request, handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        try:
+            response = await handler(request)
+        except RequestError as e:
+            response = _error(e.status, str(e))
+        except web.HTTPException as e:  # aiohttp's own (404, 405, 413 body too large)
+            response = _error(e.status, e.reason if e.status != 413 else
+                              f"body: larger than max_body_bytes={config.max_body_bytes}; split the request")
+        metrics.record_request(request.path if request.path in ENDPOINTS else "other", response.status, (time.perf_counter() - start) * 1000)
+        return response
+
+    app = web.Application(middlewares=[measure], client_max_size=config.max_body_bytes)
+    app.add_routes([web.post("/predict", predict), web.post("/lookup", lookup), web.get("/healthz", healthz),
+                    web.get("/metrics", metrics_handler)])
+    return app
+
+
+def _debug_delay_ms(request: web.Request, config: ServerConfig) -> int:
+    raw = request.headers.get(DEBUG_DELAY_HEADER)
+    if raw is None:
+        return 0
+    if not config.debug_delay:
+        raise RequestError(f"{DEBUG_DELAY_HEADER}: header accepted only when the server runs with "
+                           "server.debug_delay=true")
+    if not raw.isdigit():
+        raise RequestError(f"{DEBUG_DELAY_HEADER}: expected a whole number of milliseconds, got {raw[:20]!r}")
+    return int(raw)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def serve(app: web.Application, batcher: Batcher, config: ServerConfig, world_size: int) -> None:
+    """Listen until SIGTERM/SIGINT, then stop: no new connections, requests in flight finish, ranks stop."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    batcher.start()
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=config.shutdown_timeout_s)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.host, config.port).start()
+    except OSError as e:
+        await runner.cleanup()
+        await batcher.close(config.shutdown_timeout_s)
+        raise ValueError(f"server.host/port: cannot listen on {config.host}:{config.port} ({e.strerror}); choose "
+                         "another port (server.port=0 picks a free one)") from None
+    port = runner.addresses[0][1]
+    print(f"embshard-serve: listening on http://{config.host}:{port} ({world_size} rank(s))", flush=True)
+    if config.port_file:
+        _write_port(Path(config.port_file), port)
+    await stop.wait()
+    print("embshard-serve: stopping", file=sys.stderr, flush=True)
+    await runner.cleanup()
+    await batcher.close(config.shutdown_timeout_s)
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Write ``port`` so that a reader never sees a partial file."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n")
+    tmp.replace(path)

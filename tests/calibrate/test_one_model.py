@@ -1,0 +1,117 @@
+"""One cost model: the search minimises exactly what evaluate() reports, calibrated terms included."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from embshard.calibrate.measure import PhaseClock, instrument_backward
+from embshard.calibrate.synthetic import bench_tables
+from embshard.planner import evaluate, plan
+from embshard.planner.api import placements_of
+from embshard.planner.cost.perf import kernel_call_ms, kernel_calls_per_rank
+from embshard.planner.search.greedy import default_order, greedy
+from embshard.planner.search.local import _cost_delta, local_search
+from embshard.planner.search.problem import build_problem
+from embshard.planner.types import Constraints
+from embshard.topology import Topology
+
+PROFILE = Path(__file__).resolve().parents[2] / "configs" / "topology" / "cpu_gloo_measured.yaml"
+
+
+def profile(world_size: int) -> Topology:
+    raw = yaml.safe_load(PROFILE.read_text())
+    return Topology.from_dict({**raw, "world_size": world_size, "local_world_size": world_size})
+
+
+def mixed_tables(n: int, seed: int):
+    """Pooled and sequence tables with two optimizers: several lookup kernels per rank."""
+    specs = bench_tables(n, seed=seed, sequence_fraction=0.3)
+    return tuple(replace(s, optimizer="sgd") if i % 3 == 0 else s for i, s in enumerate(specs))
+
+
+@pytest.mark.parametrize("world_size,seed", [(2, 1), (4, 2)])
+def test_search_objective_is_evaluate_on_a_calibrated_profile(world_size, seed):
+    topo = profile(world_size)
+    assert not topo.full_duplex and kernel_call_ms(topo) > 0
+    specs = mixed_tables(14, seed)
+    problem = build_problem(specs, topo, Constraints())
+    assert problem.base_ms > 0 and problem.call_ms == pytest.approx(kernel_call_ms(topo))
+    assert all(cv.req_vec == (0.0, 0.0, 0.0) for u in problem.units for cv in u.cands)  # half duplex: folded into every_ms
+    state, _ = local_search(greedy(problem, default_order(problem)), time.perf_counter() + 2)
+    report = evaluate(specs, topo, placements_of(problem, state))
+    assert state.costs() == pytest.approx([r.perf.total_ms for r in report.ranks], rel=1e-3)
+    assert report.lower_bound_ms <= report.max_rank_ms
+    # and plan() reports that objective
+    planned = plan(specs, topo, time_budget_s=1)
+    assert planned.max_rank_ms <= report.max_rank_ms * 1.02
+
+
+def test_kernel_calls_are_tracked_exactly_through_moves_and_swaps():
+    topo = profile(4)
+    specs = mixed_tables(16, 3)
+    problem = build_problem(specs, topo, Constraints())
+    state = greedy(problem, default_order(problem))
+    rng = random.Random(0)
+    units = problem.units
+    for _ in range(200):
+        r, q = rng.sample(range(4), 2)
+        if not state.held[r]:
+            continue
+        ui, si = rng.choice(sorted(state.held[r].items()))
+        if ui in state.held[q] or units[ui].cands[state.choice[ui][0]].host_bound:
+            continue
+        cv = units[ui].cands[state.choice[ui][0]]
+        k = cv.shard_kernels[si]
+        if state.held[q] and rng.random() < 0.5:  # swap with one of q's shards
+            uj, sj = rng.choice(sorted(state.held[q].items()))
+            if uj in state.held[r] or uj == ui:
+                continue
+            cw = units[uj].cands[state.choice[uj][0]]
+            want = (_cost_delta(state, r, cv.shard_vec[si], cw.shard_vec[sj], k, cw.shard_kernels[sj]),
+                    _cost_delta(state, q, cw.shard_vec[sj], cv.shard_vec[si], cw.shard_kernels[sj], k))
+            state.move_shard(ui, si, r, q)
+            state.move_shard(uj, sj, q, r)
+        else:
+            want = (state.cost_with(r, cv.shard_vec[si], -1, k), state.cost_with(q, cv.shard_vec[si], 1, k))
+            state.move_shard(ui, si, r, q)
+        assert (state.cost(r), state.cost(q)) == pytest.approx(want, rel=1e-9)
+    calls = kernel_calls_per_rank(specs, placements_of(problem, state), 4)
+    assert [len(state.kernels[r]) + len(state.every_kernels) for r in range(4)] == calls
+    assert max(calls) >= 2
+
+
+def test_default_topologies_keep_the_datasheet_search_problem():
+    topo = Topology(world_size=8, local_world_size=4, hbm_gib=32)
+    problem = build_problem(mixed_tables(20, 4), topo, Constraints())
+    assert problem.base_ms == 0.0 and problem.call_ms == 0.0
+    assert all(cv.shard_kernels == () and cv.every_kernels == () for u in problem.units for cv in u.cands)
+    assert any(any(cv.req_vec) for u in problem.units for cv in u.cands)  # full duplex: max(holder, requester) per phase
+
+
+class _LocalPart(torch.autograd.Function):
+    """Stands in for embshard.runtime.comm._LocalPart (same class name, no process group)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.01)
+        return grad * 2.0
+
+
+def test_replicas_gradient_exchange_counts_as_output_dist_backward():
+    x = torch.ones(4, requires_grad=True)
+    y = _LocalPart.apply(x)
+    clock = PhaseClock()
+    assert instrument_backward([y], clock) == 1
+    y.backward(torch.ones(4))
+    assert clock.wall["output_dist_bwd_ms"] >= 0.01 and "lookup_bwd_ms" not in clock.wall
