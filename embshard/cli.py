@@ -24,11 +24,11 @@ from omegaconf.errors import OmegaConfBaseException
 EXIT_BAD_INPUT = 2
 
 
-def fail(prog: str, message: str) -> NoReturn:
-    """Exit with status 2 and the message on one stderr line (Hydra's messages span several)."""
+def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Exit with status ``code`` (2: bad input) and the message on one stderr line (Hydra's messages span several)."""
     one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(f"{prog}: error: {one_line}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
+    print(f"{prog}: error: {one_line}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def run_hydra_app(prog: str, hydra_main: Callable[[], None]) -> None:

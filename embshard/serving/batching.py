@@ -6,7 +6,8 @@ HTTP server. A batch holds requests of one key (predict, or lookups of one featu
 ``max_batch_size`` samples (a larger request goes alone); it leaves when full or when its
 first request has waited ``max_wait_ms`` (and the previous batch is done). A request not
 answered within its timeout fails with `asyncio.TimeoutError` (the server answers 503); a
-failed exchange marks the group broken, and every later request fails with `GroupBroken`.
+batch that every rank refuses with ValueError fails its requests with `BatchRefused`; any
+other failed exchange marks the group broken, and every later request fails with `GroupBroken`.
 When idle, the batcher runs a heartbeat exchange every ``heartbeat_ms``.
 """
 
@@ -30,6 +31,10 @@ class BatchingConfig:
 
 class GroupBroken(RuntimeError):
     """The ranks can no longer serve (a collective failed); the message says why."""
+
+
+class BatchRefused(RuntimeError):
+    """Every rank refused the batch (the request parser let through what the predictor rejects)."""
 
 
 @dataclass(frozen=True)
@@ -178,16 +183,23 @@ class Batcher:
 
     async def _run(self, key: BatchKey, jobs: list[_Job]) -> None:
         self.metrics.record_batch(key.kind, sum(j.num_samples for j in jobs))
-        results = await self._exchange(self._run_batch, key, [j.request for j in jobs])
-        for i, job in enumerate(jobs):
-            _settle(job.future, None if results is None else results[i],
-                    GroupBroken(self.broken) if results is None else None)
-
-    async def _exchange(self, fn: Callable, *args) -> Any:
-        """``fn(*args)`` on the collective thread; None (and the group marked broken) if it fails."""
         try:
-            return await self._thread.call(fn, *args)
-        except Exception as e:  # noqa: BLE001 - any failure mid-exchange leaves the ranks out of step
-            first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
-            self.broken = f"a collective failed, the ranks are out of step ({type(e).__name__}: {first_line})"
-            return None
+            results, error = await self._thread.call(self._run_batch, key, [j.request for j in jobs]), None
+        except ValueError as e:  # every rank refused the batch together (Predictor's checks): still in step
+            results, error = None, BatchRefused(str(e))
+        except Exception as e:  # noqa: BLE001 - anything else mid-exchange leaves the ranks out of step
+            results, error = None, GroupBroken(self._mark_broken(e))
+        for i, job in enumerate(jobs):
+            _settle(job.future, None if results is None else results[i], error)
+
+    async def _exchange(self, fn: Callable) -> None:
+        """``fn()`` (heartbeat, stop) on the collective thread; a failure marks the group broken."""
+        try:
+            await self._thread.call(fn)
+        except Exception as e:  # noqa: BLE001
+            self._mark_broken(e)
+
+    def _mark_broken(self, e: Exception) -> str:
+        first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
+        self.broken = f"a collective failed, the ranks are out of step ({type(e).__name__}: {first_line})"
+        return self.broken

@@ -10,14 +10,14 @@ import asyncio
 import os
 import signal
 import warnings
-from typing import Callable
 
 import torch.distributed as dist
 
+from embshard.cli import EXIT_BAD_INPUT, fail
 from embshard.serving.batching import Batcher
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ArtifactError, Predictor
-from embshard.serving.serve_cli import EXIT_BAD_INPUT, EXIT_FAILED, ServeSettings
+from embshard.serving.serve_cli import EXIT_FAILED, PROG, ServeSettings
 from embshard.serving.server import build_app, serve
 from embshard.serving.workers import RankWorker
 from embshard.topology import Topology
@@ -26,7 +26,7 @@ from embshard.train.distributed import LOST_GROUP, lost_group
 from embshard.train.launcher import under_torchrun
 
 
-def run_rank(settings: ServeSettings, fail: Callable[..., None]) -> None:
+def run_rank(settings: ServeSettings) -> None:
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else 1
@@ -44,18 +44,18 @@ def run_rank(settings: ServeSettings, fail: Callable[..., None]) -> None:
             return
         broken = asyncio.run(_serve(worker, memory, settings))
         if broken is not None:
-            fail(f"rank 0: {broken}", code=EXIT_FAILED)
+            fail(PROG, f"rank 0: {broken}", EXIT_FAILED)
     except ArtifactError as e:  # raised on every rank with the same message
         if ctx is None or ctx.is_main:
-            fail(str(e))
+            fail(PROG, str(e))
         raise SystemExit(EXIT_BAD_INPUT) from None
     except ValueError as e:
-        fail((f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else "") + str(e))
+        fail(PROG, (f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else "") + str(e))
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise
-        fail(f"rank {ctx.rank if ctx is not None else '?'}: {LOST_GROUP.split(';')[0]} "
-             f"({str(e).splitlines()[0][:200]})", code=EXIT_FAILED)
+        fail(PROG, f"rank {ctx.rank if ctx is not None else '?'}: {LOST_GROUP.split(';')[0]} "
+             f"({str(e).splitlines()[0][:200]})", EXIT_FAILED)
     finally:
         if ctx is not None:
             distributed.stop(ctx)

@@ -6,7 +6,8 @@ sparse.cat_2[5]``) and how to fix it. Parsed requests are frozen values holding 
 `merge_predicts` stacks the requests of one batch.
 
 /predict body: ``{"samples": [{"dense": [F floats], "sparse": {"cat_0": [ids], ...}}, ...]}``
-(every schema feature in every sample; ``[]`` is an empty bag); /lookup body:
+(every schema feature in every sample; ``[]`` is an empty bag; a model with a user history
+takes exactly one ``target`` id per sample); /lookup body:
 ``{"feature": "cat_3", "ids": [ids]}``.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embshard.models.config import TARGET_FEATURE
 from embshard.serving.predictor import ServingSchema
 
 
@@ -95,6 +97,8 @@ def parse_predict(raw: bytes, schema: ServingSchema, max_request_samples: int) -
             if name not in sparse:
                 raise RequestError(f"{where}.sparse.{name}: missing; every sample needs every feature ([] for none)")
             feature_ids = _ids(sparse[name], f"{where}.sparse.{name}", schema.sparse_features[name])
+            if name == TARGET_FEATURE and name in schema.sequence_features and len(feature_ids) != 1:
+                raise RequestError(f"{where}.sparse.{name}: {len(feature_ids)} ids; the target item takes exactly one")
             ids[f].extend(feature_ids)
             row.append(len(feature_ids))
         lengths.append(row)

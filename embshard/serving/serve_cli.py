@@ -15,33 +15,41 @@ or Ctrl-C stops all ranks. Bad input ends with exit status 2 and one line,
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import hydra
-import yaml
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from embshard.cli import fail, run_hydra_app
 from embshard.serving.batching import BatchingConfig
 from embshard.serving.server import ServerConfig
 from embshard.train.launcher import LauncherConfig, launch, under_torchrun
 from embshard.train.main import CONFIG_DIR, child_args, user_env
 from embshard.train.schema import schema_of, value_of
 
-EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+EXIT_FAILED = 1  # a rank lost the group (bad input: embshard.cli.EXIT_BAD_INPUT)
 PROG = "embshard-serve"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How ``checkpoint=`` is exported before serving (embshard-export's options of the same names)."""
+
+    out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact``, replaced at each start)
+    dtype: str = "fp32"  # every table's serving dtype: fp32 | fp16 | int8 ...
+    table_dtypes: Dict[str, str] = field(default_factory=dict)  # ... except these (table -> dtype)
 
 
 @dataclass
 class ServeConfig:
     artifact: Optional[str] = None  # an embshard-export folder
-    checkpoint: Optional[str] = None  # or an embshard-train out_dir: exported into out_dir/artifact first
+    checkpoint: Optional[str] = None  # or an embshard-train out_dir: exported first (export.*)
+    export: schema_of(ExportOptions) = field(default_factory=schema_of(ExportOptions))  # type: ignore[valid-type]
     server: schema_of(ServerConfig) = field(default_factory=schema_of(ServerConfig))  # type: ignore[valid-type]
     batching: schema_of(BatchingConfig) = field(default_factory=schema_of(BatchingConfig))  # type: ignore[valid-type]
     launcher: schema_of(LauncherConfig) = field(default_factory=schema_of(LauncherConfig))  # type: ignore[valid-type]
@@ -54,6 +62,7 @@ ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
 class ServeSettings:
     artifact: Path | None
     checkpoint: Path | None
+    export: ExportOptions
     server: ServerConfig
     batching: BatchingConfig
     launcher: LauncherConfig
@@ -63,7 +72,8 @@ def settings_from_config(cfg: DictConfig) -> ServeSettings:
     """Validate the composed config; ValueError names the key and how to fix it."""
     obj = OmegaConf.to_object(cfg)
     s = ServeSettings(artifact=Path(obj.artifact) if obj.artifact else None,
-                      checkpoint=Path(obj.checkpoint) if obj.checkpoint else None, server=value_of(obj.server),
+                      checkpoint=Path(obj.checkpoint) if obj.checkpoint else None, export=value_of(obj.export),
+                      server=value_of(obj.server),
                       batching=value_of(obj.batching), launcher=value_of(obj.launcher))
     if (s.artifact is None) == (s.checkpoint is None):
         raise ValueError("artifact / checkpoint: give exactly one (artifact=DIR from embshard-export, or "
@@ -90,11 +100,23 @@ def settings_from_config(cfg: DictConfig) -> ServeSettings:
     return s
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
-    """Exit with the message on one stderr line."""
-    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(f"{PROG}: error: {one_line}", file=sys.stderr, flush=True)
-    sys.exit(code)
+def export_checkpoint(settings: ServeSettings) -> ServeSettings:
+    """Export ``settings.checkpoint`` for ``launcher.nproc`` ranks; the settings with that artifact to serve."""
+    if under_torchrun():
+        fail(PROG, "checkpoint: under torchrun, export first (embshard-export checkpoint=DIR out=ART world_size=N) and "
+             "start the ranks with artifact=ART")
+    from embshard.serving.export import ExportSettings, export  # torch: only when exporting
+
+    options = settings.export
+    out = Path(options.out) if options.out else settings.checkpoint / "serving_artifact"
+    try:
+        artifact = export(ExportSettings(checkpoint=settings.checkpoint, out=out, world_size=settings.launcher.nproc,
+                                         dtype=options.dtype, table_dtypes=options.table_dtypes,
+                                         overwrite=not options.out))
+    except ValueError as e:
+        fail(PROG, f"checkpoint={settings.checkpoint}: {e}")
+    print(f"{PROG}: exported {settings.checkpoint} to {artifact} ({settings.launcher.nproc} rank(s))", flush=True)
+    return replace(settings, artifact=artifact, checkpoint=None)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="serve")
@@ -102,34 +124,24 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         settings = settings_from_config(cfg)
     except (ValueError, OmegaConfBaseException) as e:
-        fail(str(e))
+        fail(PROG, str(e))
+    args = child_args()
     if settings.checkpoint is not None:
-        if under_torchrun():
-            fail("checkpoint: under torchrun, export first (embshard-export checkpoint=DIR out=ART world_size=N) and "
-                 "start the ranks with artifact=ART")
-        fail("checkpoint: exporting from a checkpoint is not wired yet; run embshard-export and pass artifact=DIR")
+        settings = export_checkpoint(settings)
+        args = [a for a in args if not a.startswith(("checkpoint=", "export."))] + [f"artifact={settings.artifact}"]
     if not under_torchrun() and settings.launcher.nproc > 1:
-        code = launch(settings.launcher, child_args(), user_env(), module="embshard.serving.serve_cli", prog=PROG)
+        code = launch(settings.launcher, args, user_env(), module="embshard.serving.serve_cli", prog=PROG)
         if code:
             sys.exit(code)
         return
     from embshard.serving.rank import run_rank  # torch and friends: only in the processes that serve
 
-    run_rank(settings, fail)
+    run_rank(settings)
 
 
 def main() -> None:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        hydra_main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its config errors; they end here as one line
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:
-        fail(str(e).split("Config search path:")[0])
-    finally:
-        os.environ.pop("HYDRA_FULL_ERROR", None)
+    run_hydra_app(PROG, hydra_main)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from embshard.serving.batching import BatchKey, Batcher, GroupBroken
+from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ServingSchema
 from embshard.serving.requests import RequestError, parse_lookup, parse_predict
@@ -55,6 +55,8 @@ def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, 
                                "retry, or see /healthz")
         except GroupBroken as e:
             return _error(503, str(e))
+        except BatchRefused as e:
+            return _error(500, f"the ranks refused the batch: {e}")
         return web.json_response(to_json(result))
 
     async def predict(request: web.Request) -> web.Response:

@@ -5,7 +5,8 @@ Every exchange starts with a broadcast of an int64 header from rank 0,
 (predict: dense [B, F], lengths [B*K] sample-major, ids feature after feature; lookup: ids).
 Each rank takes its share of the samples (``share``: as even as possible, maybe empty), runs
 the collective `Predictor.predict` / `lookup` on it, and rank 0 gathers the results (padded
-to the largest share). Ranks other than 0 run `follow` until rank 0 sends STOP; rank 0 sends
+to the largest share). A ValueError of the predictor (raised on every rank alike) skips the
+batch on every rank. Ranks other than 0 run `follow` until rank 0 sends STOP; rank 0 sends
 a HEARTBEAT when idle so that the others' waits never reach the collective timeout. Nothing
 is pickled. ``delay_ms`` (debug) makes the last rank sleep before its part of the batch.
 """
@@ -115,16 +116,19 @@ class RankWorker:
             op, num_samples, num_ids, feature_index, delay_ms = header.tolist()
             if op == Op.STOP:
                 return
-            if op == Op.PREDICT:
-                dense_BF = self._receive(torch.empty(num_samples, schema.num_dense, dtype=torch.float32))
-                lengths_BK = self._receive(torch.empty(num_samples, len(self.features), dtype=torch.int64))
-                ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
-                self._predict(dense_BF, lengths_BK, ids, delay_ms)
-            elif op == Op.LOOKUP:
-                ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
-                self._lookup(self.features[feature_index], ids, delay_ms)
-            else:
-                assert op == Op.HEARTBEAT, f"unknown op {op} in the header from rank 0"
+            try:
+                if op == Op.PREDICT:
+                    dense_BF = self._receive(torch.empty(num_samples, schema.num_dense, dtype=torch.float32))
+                    lengths_BK = self._receive(torch.empty(num_samples, len(self.features), dtype=torch.int64))
+                    ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
+                    self._predict(dense_BF, lengths_BK, ids, delay_ms)
+                elif op == Op.LOOKUP:
+                    ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
+                    self._lookup(self.features[feature_index], ids, delay_ms)
+                else:
+                    assert op == Op.HEARTBEAT, f"unknown op {op} in the header from rank 0"
+            except ValueError:  # the predictor refused the batch on every rank (rank 0 reports it): next one
+                continue
 
     # every rank
     def _send_header(self, op: Op, num_samples: int, num_ids: int, feature_index: int, delay_ms: int) -> None:

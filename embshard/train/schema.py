@@ -33,6 +33,8 @@ def schema_of(cls: type) -> type:
             continue
         if isinstance(default, tuple):
             specs.append((f.name, kind, dataclasses.field(default_factory=lambda d=default: list(d))))
+        elif isinstance(default, dict):
+            specs.append((f.name, kind, dataclasses.field(default_factory=lambda d=default: dict(d))))
         elif dataclasses.is_dataclass(default):
             specs.append((f.name, kind, dataclasses.field(default_factory=lambda d=default: _to_schema(d))))
         else:
