@@ -18,8 +18,9 @@ class DotInteraction(nn.Module):
     def __init__(self, num_vectors: int) -> None:
         super().__init__()
         rows, cols = torch.triu_indices(num_vectors, num_vectors, offset=1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        # Flat positions of the pairs in [V*V]: index_select's backward (index_add) is about 2x faster on
+        # CPU than that of products[:, rows, cols] (an accumulating index_put), which TorchRec uses.
+        self.register_buffer("pairs", rows * num_vectors + cols, persistent=False)
 
     @staticmethod
     def output_dim(num_vectors: int, dim: int) -> int:
@@ -28,7 +29,7 @@ class DotInteraction(nn.Module):
     def forward(self, dense_BD: Tensor, embeddings_BFD: Tensor) -> Tensor:
         vectors_BVD = torch.cat([dense_BD.unsqueeze(1), embeddings_BFD], dim=1)
         products_BVV = torch.bmm(vectors_BVD, vectors_BVD.transpose(1, 2))
-        return torch.cat([dense_BD, products_BVV[:, self.rows, self.cols]], dim=1)
+        return torch.cat([dense_BD, products_BVV.flatten(1).index_select(1, self.pairs)], dim=1)
 
 
 class CrossInteraction(nn.Module):

@@ -11,25 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch.distributed.checkpoint import FileSystemWriter
 
-from embshard.train import checkpoint, config, distributed
+from embshard.train import checkpoint
 from embshard.train.trainer import Trainer
-from train_tables import FAST_PLANNER, MODEL
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-config.register()
-
-
-def trainer(config_dir: Path, out: Path, *overrides: str) -> Trainer:
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[f"hydra.searchpath=[file://{config_dir}]", "tables=tiny", *MODEL, *FAST_PLANNER,
-                                          "unsharded=true", "topology.batch_size_per_rank=32", "log_every_steps=1",
-                                          "eval.every_steps=0", "eval.num_batches=1", f"out_dir={out}", *overrides])
-    s = config.settings_from_config(cfg)
-    s.out_dir.mkdir(parents=True, exist_ok=True)
-    return Trainer(s, distributed.start(s.topology, 60, with_group=False), console=None)
+from train_tables import trainer
 
 
 def tables(t: Trainer) -> dict[str, torch.Tensor]:

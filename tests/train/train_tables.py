@@ -1,6 +1,16 @@
-"""Small table sets and model settings shared by the training tests."""
+"""Small table sets, model settings and a one-process trainer shared by the training tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from embshard.train import config, distributed
+from embshard.train.trainer import Trainer
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+config.register()
 
 # Six small tables; the 2-rank runs put each on a different sharding type (see test_training_runs.py).
 TINY = """# @package _global_
@@ -24,3 +34,14 @@ def criteo_like(num_rows: int = 100) -> str:
     """26 small tables, one per Criteo categorical feature (the Criteo readers need exactly 26)."""
     rows = "\n".join(f"  - {{name: cat_{i}, num_embeddings: {num_rows + i}, embedding_dim: 8}}" for i in range(26))
     return f"# @package _global_\ntables:\n{rows}\n"
+
+
+def trainer(config_dir: Path, out: Path, *overrides: str) -> Trainer:
+    """An unsharded one-process Trainer on the tiny tables (``config_dir``: the conftest's), output in ``out``."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"hydra.searchpath=[file://{config_dir}]", "tables=tiny", *MODEL, *FAST_PLANNER,
+                                          "unsharded=true", "topology.batch_size_per_rank=32", "log_every_steps=1",
+                                          "eval.every_steps=0", "eval.num_batches=1", f"out_dir={out}", *overrides])
+    s = config.settings_from_config(cfg)
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    return Trainer(s, distributed.start(s.topology, 60, with_group=False), console=None)
