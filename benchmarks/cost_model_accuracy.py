@@ -42,7 +42,6 @@ from embshard.planner import evaluate
 from embshard.topology import Topology
 
 REPO = Path(__file__).resolve().parent.parent
-DATE = "2026-11-30"
 BATCH = 512
 NUM_TABLES = 12
 SEED0 = 5000
@@ -55,6 +54,10 @@ def profile_topology(name: str, world_size: int) -> Topology:
 
 def datasheet_topology(world_size: int) -> Topology:
     return Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=BATCH, device="cpu")
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def cpu_model() -> str:
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
                              "measured_phases_ms": {k: med([x.cpu_ms[k] for x in per_round]) for k in per_round[0].cpu_ms},
                              "wall_ms": med([x.wall_ms["total_ms"] for x in per_round]),
                              "step_wall_ms": med([m.step_wall_ms for m in rounds])})
-    result = {"rows": rows, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "load_start": load_start, "load_end": os.getloadavg(),
+    result = {"rows": rows, "profile": args.profile, "date": today(), "steps": args.steps, "rounds": args.rounds, "load_start": load_start, "load_end": os.getloadavg(),
               "seconds": time.time() - t0, "cpu": cpu_model(), "cores": os.cpu_count()}
     predict(result, args.profile)
     return result
@@ -141,7 +144,7 @@ def markdown(result: dict, command: str) -> str:
              "after_ms": f"after: `topology={result['profile']}`, `evaluate` (what the search minimises)"}
     lines = [
         "## Cost model accuracy: predicted vs measured per-rank step time", "",
-        f"Command: `{command}`. {result['cpu']}, {result['cores']} cores; load average {result['load_start'][0]:.1f} at start, "
+        f"Command: `{command}`. {result['cpu']}, {result['cores']} cores, no GPU; measured {result['date']}; load average {result['load_start'][0]:.1f} at start, "
         f"{result['load_end'][0]:.1f} at end (other engineers' jobs share the machine); {result['seconds']:.0f} s.",
         "",
         f"{len({(r['world_size'], r['plan']) for r in result['rows']})} random plans of generated workloads (12 tables, rows <= 200k, "

@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/plans_measured.py --profile cpu_gloo_measured
 
-Three pooled workloads sized for 4 CPU ranks (batch 512 per rank): "dlrm_like" (generated:
-bench_tables(16, seed=11)), "hot_tables" (4 small tables read by 40 ids per sample, 6 big
-tables read once, 10 light ones: where bytes and work disagree) and "criteo_like" (26 one-hot
-features, Criteo Kaggle's row counts capped at 300,000, dim 64). Plans:
-- embshard: `embshard.planner.plan` on the calibrated profile (topology=PROFILE, 4 ranks);
+Three pooled workloads for 4 CPU ranks (batch 512 per rank), each a case where placement
+decides the step time (see `workloads`): "one_hot_table" (one table read by 80 ids per sample
+carries most of the work), "skewed_pooling" (wide tables read 10 times, narrow deep ones read
+30 times, two big ones read once: bytes and work disagree) and "criteo_tight" (Criteo
+Kaggle's 26 one-hot features, rows capped at 1M, in 1 GiB per rank). Plans, all for the
+same topology (the calibrated profile at 4 ranks and the workload's memory):
+- embshard: `embshard.planner.plan`;
 - TorchRec: its EmbeddingShardingPlanner (CPU compute device, so table_wise, column_wise,
   table_column_wise or data_parallel, given the profile's bandwidths through
   `to_torchrec_topology`, run in a subprocess as benchmarks/planner_vs_torchrec.py does),
@@ -18,7 +20,8 @@ Every plan runs on 4 local gloo ranks; a rank's step (forward + backward + fused
 measured as its process's CPU time (median of --steps steps), and the step time of a plan is
 its slowest rank's: what the step takes on one core per rank (4 ranks share 2 cores here,
 so wall-clock per step is also reported but measures the machine, not the plan). Rounds
-alternate the plans (--rounds); the median round counts. Results: a section of
+alternate the order of all nine plans (--rounds); the median round counts, and the spread
+of the rounds says whether two plans separate beyond noise. Results: a section of
 benchmarks/results/cost_model.md and --json.
 """
 
@@ -41,30 +44,36 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from embshard.calibrate.measure import measure_plans  # noqa: E402
-from embshard.calibrate.predict import predict_ranks  # noqa: E402
-from embshard.calibrate.synthetic import bench_tables  # noqa: E402
+from cost_model_accuracy import cpu_model, today, update_section  # noqa: E402
+
+from embshard.calibrate.measure import measure_rounds  # noqa: E402
 from embshard.planner import ShardingPlan, evaluate, manual_plan, plan  # noqa: E402
 from embshard.specs import TableSpec, load_tables_file  # noqa: E402
 from embshard.topology import Topology  # noqa: E402
 
-W, BATCH, HBM_GIB, LR = 4, 512, 4.0, 0.01
+W, BATCH, LR = 4, 512, 0.01
 PLANNERS = ("embshard", "torchrec", "greedy")
 
 
-def workloads() -> dict[str, tuple[TableSpec, ...]]:
-    # small tables read by many ids per sample, big tables read once: bytes and work disagree
-    hot = [TableSpec(f"hot{i}", 20_000, 64, 40.0) for i in range(4)]
-    hot += [TableSpec(f"cold{i}", 500_000, 32, 1.0) for i in range(6)]
-    hot += [TableSpec(f"light{i}", 1_000 * (i + 1), 16, 2.0) for i in range(10)]
+def workloads() -> dict[str, tuple[tuple[TableSpec, ...], float]]:
+    """name -> (tables, memory per rank in GiB). Each is a case where placement decides the step time."""
+    # one table read by 80 ids per sample carries most of the work; twelve light ones around it
+    one_hot = [TableSpec("hot", 400_000, 64, 80.0)] + [TableSpec(f"t{i}", 10_000 * (i + 1), 32, 1.0 + i % 4) for i in range(12)]
+    # wide tables (dim 128, 5k rows) read 10 times per sample, narrow deep ones (dim 16, 300k rows)
+    # read 30 times, two big ones read once: a deep table's distinct rows (optimizer updates)
+    # cost far more than its bytes say, a wide table's less
+    skewed = ([TableSpec(f"wide{i}", 5_000, 128, 10.0) for i in range(6)] + [TableSpec(f"deep{i}", 300_000, 16, 30.0) for i in range(5)]
+              + [TableSpec(f"big{i}", 1_000_000, 64, 1.0) for i in range(2)])
+    # Criteo Kaggle's 26 one-hot features, rows capped at 1M, dim 64, in 1 GiB per rank: the five
+    # tables of 1M rows (260 MB each with optimizer state) must be spread with care
     criteo, _ = load_tables_file(REPO / "configs" / "tables" / "criteo_kaggle.yaml")
-    criteo_like = tuple(TableSpec(s.name, min(s.num_embeddings, 300_000), 64, 1.0, feature_names=s.feature_names) for s in criteo)
-    return {"dlrm_like": bench_tables(16, seed=11, max_rows=300_000), "hot_tables": tuple(hot), "criteo_like": criteo_like}
+    criteo_tight = tuple(TableSpec(s.name, min(s.num_embeddings, 1_000_000), 64, 1.0, feature_names=s.feature_names) for s in criteo)
+    return {"one_hot_table": (tuple(one_hot), 4.0), "skewed_pooling": (tuple(skewed), 4.0), "criteo_tight": (criteo_tight, 1.0)}
 
 
-def profile_topology(name: str) -> Topology:
+def profile_topology(name: str, hbm_gib: float) -> Topology:
     raw = yaml.safe_load((REPO / "configs" / "topology" / f"{name}.yaml").read_text())
-    return Topology.from_dict({**raw, "world_size": W, "local_world_size": W, "batch_size_per_rank": BATCH, "hbm_gib": HBM_GIB})
+    return Topology.from_dict({**raw, "world_size": W, "local_world_size": W, "batch_size_per_rank": BATCH, "hbm_gib": hbm_gib})
 
 
 def greedy_plan(specs, topo: Topology) -> ShardingPlan:
@@ -174,69 +183,81 @@ def layout_mix(p: ShardingPlan) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    topo = profile_topology(args.profile)
     t0, load_start = time.time(), os.getloadavg()
     cases = {}
-    for name, specs in workloads().items():
+    for name, (specs, hbm_gib) in workloads().items():
+        topo = profile_topology(args.profile, hbm_gib)
         print(f"planning {name}", flush=True)
-        plans = {"embshard": plan(specs, topo, time_budget_s=args.embshard_budget_s),
-                 "torchrec": torchrec_plan(specs, topo, args.torchrec_search_s),
-                 "greedy": greedy_plan(specs, topo)}
-        cases[name] = {"plans": plans, "rounds": {k: [] for k in PLANNERS}, "wall": {k: [] for k in PLANNERS}, "dmp": []}
-    for rnd in range(args.rounds):
-        order = PLANNERS if rnd % 2 == 0 else PLANNERS[::-1]
-        flat = [(name, k, cases[name]["plans"][k]) for name in cases for k in order]
-        print(f"round {rnd + 1}/{args.rounds}: {len(flat)} plans on {W} ranks", flush=True)
-        for (name, k, _), m in zip(flat, measure_plans([p for _, _, p in flat], steps=args.steps, warmup=args.warmup, timeout_s=3600)):
-            cases[name]["rounds"][k].append([r.cpu_ms["total_ms"] for r in m.ranks])
-            cases[name]["wall"][k].append(m.step_wall_ms)
+        cases[name] = {"embshard": plan(specs, topo, time_budget_s=args.embshard_budget_s),
+                       "torchrec": torchrec_plan(specs, topo, args.torchrec_search_s),
+                       "greedy": greedy_plan(specs, topo)}
+    flat = [(name, k) for name in cases for k in PLANNERS]
+    measured = measure_rounds([cases[n][k] for n, k in flat], args.rounds, steps=args.steps, warmup=args.warmup,
+                              log=lambda m: print(m, flush=True))
+    dmp: dict[str, list[list[float]]] = {name: [] for name in cases}
     if not args.skip_dmp:
-        print("TorchRec DMP on the TorchRec plans", flush=True)
         for rnd in range(args.rounds):
-            for name, per_rank in zip(cases, measure_dmp([cases[n]["plans"]["torchrec"] for n in cases], args.steps, args.warmup)):
-                cases[name]["dmp"].append(per_rank)
-    out = {"cases": {}, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "load_start": load_start,
-           "load_end": os.getloadavg(), "seconds": time.time() - t0}
-    for name, c in cases.items():
-        entry = {}
-        for k in PLANNERS:
-            p = c["plans"][k]
-            maxes = [max(r) for r in c["rounds"][k]]
-            entry[k] = {"measured_max_rank_ms": statistics.median(maxes), "rounds_max_rank_ms": maxes,
-                        "per_rank_ms": c["rounds"][k], "step_wall_ms": statistics.median(c["wall"][k]),
-                        "predicted_max_rank_ms": max(x.total_ms for x in predict_ranks(p.specs, p.topology, p.tables)),
-                        "planner_objective_ms": p.max_rank_ms, "layout": layout_mix(p), "plan": p.to_dict()}
-        if c["dmp"]:
-            entry["torchrec_dmp"] = {"measured_max_rank_ms": statistics.median(max(r) for r in c["dmp"]), "per_rank_ms": c["dmp"]}
-        out["cases"][name] = entry
+            print(f"TorchRec DMP on the TorchRec plans, round {rnd + 1}/{args.rounds}", flush=True)
+            for name, per_rank in zip(cases, measure_dmp([cases[n]["torchrec"] for n in cases], args.steps, args.warmup)):
+                dmp[name].append(per_rank)
+    out = {"cases": {name: {} for name in cases}, "profile": args.profile, "steps": args.steps, "rounds": args.rounds,
+           "load_start": load_start, "load_end": os.getloadavg(), "seconds": time.time() - t0, "date": today(),
+           "cpu": cpu_model(), "cores": os.cpu_count()}
+    for (name, k), rounds in zip(flat, measured):
+        p = cases[name][k]
+        maxes = [m.max_rank_cpu_ms for m in rounds]
+        out["cases"][name][k] = {"measured_max_rank_ms": statistics.median(maxes), "rounds_max_rank_ms": maxes,
+                                 "per_rank_ms": [[r.cpu_ms["total_ms"] for r in m.ranks] for m in rounds],
+                                 "step_wall_ms": statistics.median(m.step_wall_ms for m in rounds),
+                                 "predicted_max_rank_ms": p.max_rank_ms, "layout": layout_mix(p),
+                                 "hbm_gib": p.topology.hbm_gib, "plan": p.to_dict()}
+    for name, rounds in dmp.items():
+        if rounds:
+            maxes = [max(r) for r in rounds]
+            out["cases"][name]["torchrec_dmp"] = {"measured_max_rank_ms": statistics.median(maxes), "rounds_max_rank_ms": maxes,
+                                                  "per_rank_ms": rounds}
     return out
+
+
+def verdict(e: dict) -> str:
+    """embshard vs the best other plan on embshard's runtime: by median, and whether the rounds separate."""
+    base = e["embshard"]
+    k = min((k for k in PLANNERS if k != "embshard"), key=lambda k: e[k]["measured_max_rank_ms"])
+    margin = e[k]["measured_max_rank_ms"] / base["measured_max_rank_ms"] - 1
+    separated = max(base["rounds_max_rank_ms"]) < min(e[k]["rounds_max_rank_ms"])
+    if margin <= 0:
+        return f"embshard NOT fastest: {k} is {-margin:.1%} faster by median"
+    how = "every round of embshard faster than every round of" if separated else "by median, but the rounds overlap with"
+    return f"embshard fastest, {margin:.1%} ahead of the next best ({k}); {how} {k}"
 
 
 def markdown(result: dict, command: str) -> str:
     lines = [
         "## Plans measured: embshard vs TorchRec's planner vs greedy, 4 CPU ranks", "",
-        f"Command: `{command}`. Load average {result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end; "
-        f"{result['seconds']:.0f} s. Step time of a plan = its slowest rank's CPU time per step (median of {result['steps']} steps, "
-        f"median of {result['rounds']} alternating rounds), i.e. the step on one core per rank; wall clock with 4 ranks on 2 cores is "
-        "shown for reference. All three plans run on embshard's runtime; TorchRec's plan also through TorchRec's DMP.",
+        f"Command: `{command}`. {result['cpu']}, {result['cores']} cores, no GPU; {result['date']}; load average "
+        f"{result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end (other engineers' jobs share the machine); "
+        f"{result['seconds']:.0f} s. Step time of a plan = its slowest rank's CPU time per step (forward + backward + fused "
+        f"update, median of {result['steps']} steps), median of {result['rounds']} rounds that alternate the order of all "
+        "nine plans, i.e. the step on one core per rank; wall clock with 4 ranks on 2 cores is shown for reference. "
+        "All three plans run on embshard's runtime (only placement differs); TorchRec's plan also through TorchRec's DMP "
+        "(its rounds run after the others).",
         "",
-        "| workload | plan | layouts | predicted ms | measured ms (slowest rank, CPU) | vs embshard | rounds | wall ms/step |",
-        "|---|---|---|---:|---:|---:|---|---:|",
+        "| workload | GiB/rank | plan | layouts | predicted ms | measured ms (slowest rank, CPU) | vs embshard | rounds (min-max) | wall ms/step |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|",
     ]
     verdicts = []
     for name, e in result["cases"].items():
         base = e["embshard"]["measured_max_rank_ms"]
         for k in PLANNERS:
             x = e[k]
-            lines.append(f"| {name} | {k} | {x['layout']} | {x['predicted_max_rank_ms']:.1f} | {x['measured_max_rank_ms']:.1f} | "
-                         f"{x['measured_max_rank_ms'] / base:.2f}x | {', '.join(f'{v:.0f}' for v in x['rounds_max_rank_ms'])} | {x['step_wall_ms']:.0f} |")
+            r = x["rounds_max_rank_ms"]
+            lines.append(f"| {name} | {x['hbm_gib']:g} | {k} | {x['layout']} | {x['predicted_max_rank_ms']:.1f} | {x['measured_max_rank_ms']:.1f} | "
+                         f"{x['measured_max_rank_ms'] / base:.2f}x | {min(r):.0f}-{max(r):.0f} | {x['step_wall_ms']:.0f} |")
         if "torchrec_dmp" in e:
-            d = e["torchrec_dmp"]["measured_max_rank_ms"]
-            lines.append(f"| {name} | TorchRec plan on TorchRec DMP | {e['torchrec']['layout']} | | {d:.1f} | {d / base:.2f}x | | |")
-        others = [e[k]["measured_max_rank_ms"] for k in PLANNERS if k != "embshard"]
-        margin = min(others) / base - 1
-        verdicts.append(f"- {name}: embshard {'fastest' if margin > 0 else 'NOT fastest'} on embshard's runtime "
-                        f"(next best {margin:+.1%} slower)")
+            d = e["torchrec_dmp"]
+            lines.append(f"| {name} | | TorchRec plan on TorchRec DMP | {e['torchrec']['layout']} | | {d['measured_max_rank_ms']:.1f} | "
+                         f"{d['measured_max_rank_ms'] / base:.2f}x | {min(d['rounds_max_rank_ms']):.0f}-{max(d['rounds_max_rank_ms']):.0f} | |")
+        verdicts.append(f"- {name}: {verdict(e)}")
     lines += ["", *verdicts, ""]
     return "\n".join(lines)
 
@@ -249,7 +270,7 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu_gloo_measured")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--embshard-budget-s", type=float, default=10.0)
     parser.add_argument("--torchrec-search-s", type=int, default=60)
     parser.add_argument("--skip-dmp", action="store_true")
@@ -264,7 +285,6 @@ def main() -> None:
     else:
         result = run(args)
         Path(args.json).write_text(json.dumps(result, indent=1))
-    from cost_model_accuracy import update_section
 
     text = markdown(result, f".venv/bin/python benchmarks/plans_measured.py --profile {args.profile}")
     update_section(Path(args.markdown), "plans", text)
