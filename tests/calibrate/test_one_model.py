@@ -8,10 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from embshard.calibrate.measure import PhaseClock, instrument_backward
 from embshard.calibrate.synthetic import bench_tables
 from embshard.planner import evaluate, plan
 from embshard.planner.api import placements_of
@@ -93,25 +91,3 @@ def test_default_topologies_keep_the_datasheet_search_problem():
     assert problem.base_ms == 0.0 and problem.call_ms == 0.0
     assert all(cv.shard_kernels == () and cv.every_kernels == () for u in problem.units for cv in u.cands)
     assert any(any(cv.req_vec) for u in problem.units for cv in u.cands)  # full duplex: max(holder, requester) per phase
-
-
-class _LocalPart(torch.autograd.Function):
-    """Stands in for embshard.runtime.comm._LocalPart (same class name, no process group)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(0.01)
-        return grad * 2.0
-
-
-def test_replicas_gradient_exchange_counts_as_output_dist_backward():
-    x = torch.ones(4, requires_grad=True)
-    y = _LocalPart.apply(x)
-    clock = PhaseClock()
-    assert instrument_backward([y], clock) == 1
-    y.backward(torch.ones(4))
-    assert clock.wall["output_dist_bwd_ms"] >= 0.01 and "lookup_bwd_ms" not in clock.wall

@@ -1,0 +1,51 @@
+"""Phase attribution of measured steps, and rounds in alternating order (no ranks spawned)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from embshard.calibrate import measure
+from embshard.calibrate.measure import PhaseClock, instrument_backward, measure_rounds
+from embshard.planner import manual_plan
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+
+class _LocalPart(torch.autograd.Function):
+    """Stands in for embshard.runtime.comm._LocalPart (same class name, no process group)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.01)
+        return grad * 2.0
+
+
+def test_replicas_gradient_exchange_counts_as_output_dist_backward():
+    x = torch.ones(4, requires_grad=True)
+    y = _LocalPart.apply(x)
+    clock = PhaseClock()
+    assert instrument_backward([y], clock) == 1
+    y.backward(torch.ones(4))
+    assert clock.wall["output_dist_bwd_ms"] >= 0.01 and "lookup_bwd_ms" not in clock.wall
+
+
+def test_rounds_alternate_the_order_and_come_back_per_plan(monkeypatch):
+    topo = Topology(world_size=2, local_world_size=2, hbm_gib=1, device="cpu")
+    plans = [manual_plan([TableSpec("t", 100 * (i + 1), 8, 1.0)], topo, {"t": ("table_wise", [0])}) for i in range(3)]
+    calls = []
+
+    def fake(batch, **_):
+        calls.append([p.specs[0].num_embeddings for p in batch])
+        return [f"{p.specs[0].num_embeddings}@{len(calls)}" for p in batch]
+
+    monkeypatch.setattr(measure, "measure_plans", fake)
+    out = measure_rounds(plans, 3, log=lambda _: None)
+    assert calls == [[100, 200, 300], [300, 200, 100], [100, 200, 300]]
+    assert out == [["100@1", "100@2", "100@3"], ["200@1", "200@2", "200@3"], ["300@1", "300@2", "300@3"]]
+    assert measure_rounds([], 2) == []
