@@ -4,7 +4,7 @@ Stage 1 (concurrently): A = 2 local ranks for 60 steps on a planted-signal set, 
 table on another sharding type and a user-history feature (sequence table, row-wise); a strict run on Criteo TSV with a malformed line; a Hydra
 --multirun sweep; K = 2 ranks of which one is killed after its first step. Meanwhile, in
 this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
-TSV run that skips malformed lines. Stage 2, from A's checkpoints: B = torchrun resuming A
+TSV run that skips malformed lines (with TensorBoard). Stage 2, from A's checkpoints: B = torchrun resuming A
 at step 30, and A's last checkpoint on 3 ranks (another plan) and in one process
 (unsharded). Starting a rank costs seconds (imports), so checks share runs. Collectives
 time out after 60 s (K: 20 s), so no case can hang the suite.
@@ -123,7 +123,8 @@ def stage1(config_dir, tmp_path_factory) -> dict:
                               f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "checkpoint.every_steps=10",
                               "checkpoint.keep_last=6"]),
         "strict": start(tmp, "strict", [*tsv, "unsharded=true", "data.strict=true"]),
-        "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "unsharded=true", "steps=2,3",
+        # one sharded process, then 2 local ranks: the launcher under --multirun
+        "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "launcher.nproc=1,2", "steps=2",
                                       "topology.batch_size_per_rank=16", "eval.num_batches=1", f"hydra.sweep.dir={tmp}/sweep"],
                        out_dir=False),
     }
@@ -131,7 +132,7 @@ def stage1(config_dir, tmp_path_factory) -> dict:
                                  "steps=100000", "topology.batch_size_per_rank=32", "eval.every_steps=0"])
     local = {"U": in_process([*base(config_dir), "steps=10", f"topology.batch_size_per_rank={2 * BATCH}",
                               "eval.every_steps=0"], tmp / "U"),
-             "tsv": in_process(tsv, tmp / "tsv")}
+             "tsv": in_process([*tsv, "tensorboard=true"], tmp / "tsv")}
     kill_s = kill_rank_1_after_first_step(runs["K"])
     return {**{k: r.wait() for k, r in runs.items()}, "local": local, "tmp": tmp, "K_exit_after_kill_s": kill_s}
 
@@ -168,12 +169,16 @@ def test_planted_signal_reaches_auc_075(stage1) -> None:
     evals = metrics(a.out, "eval")
     assert [e["step"] for e in evals] == [30, 60] and evals[-1]["auc"] >= 0.75, evals
     assert "eval AUC" in a.text and (a.out / "curves.png").stat().st_size > 10_000 and (a.out / "plan.json").exists()
+    assert "samples_s=" in a.text  # rank 0's progress bar
     assert sorted(p.name for p in (a.out / "checkpoints").iterdir()) == [f"step_{10 * i:06d}" for i in range(1, 7)]
+    # every rank wrote its own shards (no gather to rank 0)
+    assert sorted(p.name for p in (a.out / "checkpoints" / "step_000060").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
 def test_malformed_lines_are_reported_or_stop_a_strict_run(stage1) -> None:
     # lines 3 and 50 while training, line 3 again in the eval pass over the same file
     assert "data: skipped 3 malformed record(s), e.g." in stage1["local"]["tsv"]
+    assert list((stage1["tmp"] / "tsv" / "tensorboard").glob("events.out.tfevents.*"))
     strict = stage1["strict"]
     assert strict.proc.returncode == 2 and len(strict.errors) == 1, strict.text[-3000:]
     assert "day_0.tsv byte " in strict.errors[0] and "expected 40 tab-separated fields, got 3" in strict.errors[0]
@@ -184,7 +189,9 @@ def test_multirun_sweep_runs_every_job(stage1) -> None:
     sweep = stage1["sweep"]
     assert sweep.proc.returncode == 0, sweep.text[-3000:]
     root = sweep.log.parent / "sweep"
-    assert sorted(metrics(root / job)[-1]["step"] for job in ("0", "1")) == [2, 3]
+    assert [metrics(root / job)[-1]["step"] for job in ("0", "1")] == [2, 2]
+    assert [json.loads((root / job / "plan.json").read_text())["topology"]["world_size"] for job in ("0", "1")] == [1, 2]
+    assert "trained 2 steps" in sweep.text and "on 2 rank(s)" in sweep.text
 
 
 def free_port() -> int:
