@@ -20,13 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from embshard.serving.config import BatchingConfig
 from embshard.serving.metrics import ServingMetrics
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    max_batch_size: int = 256  # samples (predict) or ids (lookup) per batch
-    max_wait_ms: float = 2.0  # how long a batch's first request waits for more
 
 
 class GroupBroken(RuntimeError):

@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from embshard.cli import EXIT_BAD_INPUT, fail
 from embshard.serving.batching import Batcher
+from embshard.serving.config import EXIT_FAILED, PROG, ServeSettings
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ArtifactError, Predictor
-from embshard.serving.serve_cli import EXIT_FAILED, PROG, ServeSettings
 from embshard.serving.server import build_app, serve
 from embshard.serving.workers import RankWorker
 from embshard.topology import Topology

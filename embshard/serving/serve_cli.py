@@ -15,89 +15,21 @@ or Ctrl-C stops all ranks. Bad input ends with exit status 2 and one line,
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional
 
 import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard.cli import fail, run_hydra_app
-from embshard.serving.batching import BatchingConfig
-from embshard.serving.server import ServerConfig
-from embshard.train.launcher import LauncherConfig, launch, under_torchrun
+from embshard.serving.config import PROG, ServeSettings, register, settings_from_config
+from embshard.train.launcher import launch, under_torchrun
 from embshard.train.main import CONFIG_DIR, child_args, user_env
-from embshard.train.schema import schema_of, value_of
 
-EXIT_FAILED = 1  # a rank lost the group (bad input: embshard.cli.EXIT_BAD_INPUT)
-PROG = "embshard-serve"
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """How ``checkpoint=`` is exported before serving (embshard-export's options of the same names)."""
-
-    out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact``, replaced at each start)
-    dtype: str = "fp32"  # every table's serving dtype: fp32 | fp16 | int8 ...
-    table_dtypes: Dict[str, str] = field(default_factory=dict)  # ... except these (table -> dtype)
-
-
-@dataclass
-class ServeConfig:
-    artifact: Optional[str] = None  # an embshard-export folder
-    checkpoint: Optional[str] = None  # or an embshard-train out_dir: exported first (export.*)
-    export: schema_of(ExportOptions) = field(default_factory=schema_of(ExportOptions))  # type: ignore[valid-type]
-    server: schema_of(ServerConfig) = field(default_factory=schema_of(ServerConfig))  # type: ignore[valid-type]
-    batching: schema_of(BatchingConfig) = field(default_factory=schema_of(BatchingConfig))  # type: ignore[valid-type]
-    launcher: schema_of(LauncherConfig) = field(default_factory=schema_of(LauncherConfig))  # type: ignore[valid-type]
-
-
-ConfigStore.instance().store(name="serve_schema", node=ServeConfig)
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    artifact: Path | None
-    checkpoint: Path | None
-    export: ExportOptions
-    server: ServerConfig
-    batching: BatchingConfig
-    launcher: LauncherConfig
-
-
-def settings_from_config(cfg: DictConfig) -> ServeSettings:
-    """Validate the composed config; ValueError names the key and how to fix it."""
-    obj = OmegaConf.to_object(cfg)
-    s = ServeSettings(artifact=Path(obj.artifact) if obj.artifact else None,
-                      checkpoint=Path(obj.checkpoint) if obj.checkpoint else None, export=value_of(obj.export),
-                      server=value_of(obj.server),
-                      batching=value_of(obj.batching), launcher=value_of(obj.launcher))
-    if (s.artifact is None) == (s.checkpoint is None):
-        raise ValueError("artifact / checkpoint: give exactly one (artifact=DIR from embshard-export, or "
-                         "checkpoint=DIR, an embshard-train out_dir)")
-    source, path = ("artifact", s.artifact) if s.artifact is not None else ("checkpoint", s.checkpoint)
-    if not path.is_dir():
-        raise ValueError(f"{source}: {path} is not a folder; give the folder embshard-"
-                         f"{'export' if source == 'artifact' else 'train'} wrote")
-    positive = {"server.max_request_samples": s.server.max_request_samples, "server.max_body_bytes":
-                s.server.max_body_bytes, "server.request_timeout_ms": s.server.request_timeout_ms,
-                "server.heartbeat_ms": s.server.heartbeat_ms, "batching.max_batch_size": s.batching.max_batch_size,
-                "launcher.nproc": s.launcher.nproc, "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
-    for key, value in positive.items():
-        if not value > 0:
-            raise ValueError(f"{key}: must be positive, got {value}")
-    if s.batching.max_wait_ms < 0 or s.server.shutdown_timeout_s < 0:
-        raise ValueError("batching.max_wait_ms and server.shutdown_timeout_s: must be >= 0")
-    if not 0 <= s.server.port <= 65535:
-        raise ValueError(f"server.port: {s.server.port} is not a port; use 1..65535, or 0 for any free port")
-    if s.server.heartbeat_ms >= s.launcher.collective_timeout_s * 1000 / 2:
-        raise ValueError(f"server.heartbeat_ms: {s.server.heartbeat_ms:g} ms, not well under launcher."
-                         f"collective_timeout_s={s.launcher.collective_timeout_s:g} s; idle ranks would time out. "
-                         "Lower the heartbeat or raise the timeout")
-    return s
+register()
 
 
 def export_checkpoint(settings: ServeSettings) -> ServeSettings:
@@ -136,7 +68,14 @@ def hydra_main(cfg: DictConfig) -> None:
         return
     from embshard.serving.rank import run_rank  # torch and friends: only in the processes that serve
 
-    run_rank(settings)
+    try:
+        run_rank(settings)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a rank is done: skip the interpreter's teardown of torch (seconds on a busy machine)
 
 
 def main() -> None:

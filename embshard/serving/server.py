@@ -14,32 +14,18 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from aiohttp import web
 
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
+from embshard.serving.config import ServerConfig
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ServingSchema
 from embshard.serving.requests import RequestError, parse_lookup, parse_predict
 
 DEBUG_DELAY_HEADER = "X-Embshard-Debug-Delay-Ms"
 ENDPOINTS = ("/predict", "/lookup", "/healthz", "/metrics")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080  # 0: any free port (printed, and written to port_file)
-    port_file: Optional[str] = None  # write the port here once listening (for scripts and tests)
-    max_request_samples: int = 1024  # more samples (or lookup ids) in one request: 413
-    max_body_bytes: int = 64 << 20  # larger bodies: 413
-    request_timeout_ms: float = 5000.0  # a request not answered by then gets 503
-    heartbeat_ms: float = 1000.0  # idle ranks hear from rank 0 this often (well under the collective timeout)
-    shutdown_timeout_s: float = 10.0  # on SIGTERM, requests in flight get this long to finish
-    debug_delay: bool = False  # accept the X-Embshard-Debug-Delay-Ms header (the last rank sleeps; tests of 503)
 
 
 def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, config: ServerConfig) -> web.Application:
