@@ -15,7 +15,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2}
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+# Bytes a row carries beyond its elements: FBGEMM's row-wise int8 keeps an fp16 scale and an
+# fp16 bias per row (its DEFAULT_SCALE_BIAS_SIZE_IN_BYTES; rows unpadded on CPU).
+ROW_OVERHEAD_BYTES = {"fp32": 0, "fp16": 0, "int8": 4}
 
 # Optimizer state kept per row (bytes), as a function of the row width in elements.
 # Optimizer state is always fp32, whatever the weights' dtype.
@@ -46,6 +49,8 @@ class TableSpec:
     pooled: True for a summed bag (EmbeddingBag, one vector per sample and feature),
       False for a sequence table (one vector per id, jagged output).
     feature_names: features that look up this table; defaults to ``(name,)``.
+    dtype: how the weights are stored: fp32, fp16, or row-wise int8 (serving only: a uint8
+      per element plus an fp16 scale and bias per row, FBGEMM's layout).
     """
 
     name: str
@@ -66,6 +71,10 @@ class TableSpec:
     @property
     def element_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def row_bytes(self, num_cols: int) -> int:
+        """Bytes of one stored row of ``num_cols`` columns (a column shard has its own int8 scale and bias)."""
+        return num_cols * DTYPE_BYTES[self.dtype] + ROW_OVERHEAD_BYTES[self.dtype]
 
     @property
     def num_features(self) -> int:

@@ -45,7 +45,7 @@ from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
-TORCHREC_DATA_TYPE = {"fp32": DataType.FP32, "fp16": DataType.FP16}
+TORCHREC_DATA_TYPE = {"fp32": DataType.FP32, "fp16": DataType.FP16, "int8": DataType.INT8}
 # embshard bandwidths are GB/s = 1e9 bytes per 1e3 ms; TorchRec's are bytes/ms.
 BYTES_PER_MS_PER_GB_PER_S = 1e9 / 1e3
 # Layouts TorchRec's EmbeddingCollection (sequence tables) can shard.

@@ -14,6 +14,7 @@ import time
 from typing import Mapping, Sequence
 
 from embshard.planner.cost.perf import rank_perfs
+from embshard.planner.enumerate import forward_only
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
@@ -37,7 +38,7 @@ class PlanInfeasibleError(ValueError):
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
-         torchrec_compatible: bool = False) -> ShardingPlan:
+         torchrec_compatible: bool = False, inference: bool = False) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Greedy starts and a target-packing bisection, each polished by local search, run within
@@ -46,14 +47,16 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     tighten the bound (off by default: on the shipped workloads it costs seconds and has not
     beaten the heuristics). torchrec_compatible restricts layouts to those TorchRec's runtime
     can run (row_wise over all ranks, table_row_wise over whole hosts), so the plan exports
-    with embshard.interop.torchrec. The search is deterministic: the same inputs give the
-    same plan.
+    with embshard.interop.torchrec. inference plans for serving: forward-only time (input
+    dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
+    no optimizer state, gradients or backward buffers); the plan's ``search`` says so. The
+    search is deterministic: the same inputs give the same plan.
     """
     t0 = time.perf_counter()
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
-    problem = build_problem(specs, topology, constraints, torchrec_compatible)
+    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference)
     check_memory(problem)
     bound = lower_bound_ms(problem)
     deadline = t0 + time_budget_s
@@ -74,8 +77,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         method += f"+{note}"
     placements = placements_of(problem, state)
     search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s,
-              "torchrec_compatible": torchrec_compatible}
-    return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search)
+              "torchrec_compatible": torchrec_compatible, "inference": inference}
+    return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
 
 
 def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[RankState, str]:
@@ -109,7 +112,7 @@ def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[
 
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
              constraints: Constraints | None = None, *, lower_bound: float | None = None,
-             search: Mapping | None = None) -> ShardingPlan:
+             search: Mapping | None = None, inference: bool = False) -> ShardingPlan:
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
     search minimises): per-rank perf by phase, memory, lower bound."""
     specs = tuple(specs)
@@ -121,15 +124,16 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every_storage = every_storage + data_parallel_storage(spec, topology)
+            every_storage = every_storage + data_parallel_storage(spec, topology, inference)
             continue
-        every_storage = every_storage + requester_storage(spec, topology)
+        every_storage = every_storage + requester_storage(spec, topology, inference)
         for s in t.shards:
-            storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols)
-    perfs = rank_perfs(specs, topology, placements)
+            storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
+                                                               inference)
+    perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements)]
     ranks = tuple(RankReport(r, perfs[r], storage[r] + every_storage) for r in range(W))
     if lower_bound is None:
-        problem = build_problem(specs, topology, constraints)
+        problem = build_problem(specs, topology, constraints, inference=inference)
         check_memory(problem)
         lower_bound = lower_bound_ms(problem)
     return ShardingPlan(

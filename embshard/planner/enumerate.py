@@ -5,6 +5,10 @@ row-wise, the host size for table_row_wise/table_column_wise, columns/4 for colu
 restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE) are offered only
 data_parallel and table_wise: splitting them cannot help balance. Host-bound types are offered only on multi-host topologies
 (on one host they equal row_wise/column_wise) unless they are the only allowed type.
+
+``inference`` (serving): candidates cost the forward pass only (input dist, lookup forward,
+output dist forward: `forward_only`) and the bytes of forward-only storage (no optimizer
+state, no gradients; see cost/storage.py).
 """
 
 from __future__ import annotations
@@ -27,10 +31,18 @@ def _counts(limit: int) -> list[int]:
     return counts
 
 
-def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Candidate | None:
+def forward_only(p: Perf) -> Perf:
+    """The phases a forward pass runs: no output-dist backward, lookup backward or all-reduce."""
+    return Perf(input_dist_ms=p.input_dist_ms, lookup_fwd_ms=p.lookup_fwd_ms, output_dist_fwd_ms=p.output_dist_fwd_ms)
+
+
+def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int,
+              inference: bool = False) -> Candidate | None:
     """The candidate for one type and shard count, or None if the table cannot be cut so."""
+    phases = forward_only if inference else (lambda p: p)
     if stype is ShardingType.DATA_PARALLEL:
-        return Candidate(spec.name, stype, (), (), (), Perf(), data_parallel_perf(spec, topo), data_parallel_storage(spec, topo))
+        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo)),
+                         data_parallel_storage(spec, topo, inference))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:
         rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols
@@ -45,13 +57,15 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     for _, n in rows:
         for _, d in cols:
             if (n, d) not in costed:
-                costed[(n, d)] = ShardCost(holder_perf(spec, topo, stype, n, d, num_shards), holder_storage(spec, topo, stype, n, d))
+                costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards)),
+                                           holder_storage(spec, topo, stype, n, d, inference))
     shards = tuple(costed[(n, d)] for _, n in rows for _, d in cols)
-    return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, requester_perf(spec, topo, stype, num_shards), Perf(), requester_storage(spec, topo))
+    return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, phases(requester_perf(spec, topo, stype, num_shards)),
+                     Perf(), requester_storage(spec, topo, inference))
 
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
-                         torchrec_compatible: bool = False) -> list[Candidate]:
+                         torchrec_compatible: bool = False, inference: bool = False) -> list[Candidate]:
     """Candidates the constraint allows; with splits=False only data_parallel and table_wise.
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
@@ -84,5 +98,5 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
             whole_host_only = torchrec_compatible and stype is ShardingType.TABLE_ROW_WISE
             specs += [(stype, k) for k in _counts(limit) if not whole_host_only or k == topo.local_world_size]
-    return [c for stype, k in specs if (c := candidate(spec, topo, stype, k)) is not None]
+    return [c for stype, k in specs if (c := candidate(spec, topo, stype, k, inference)) is not None]
 

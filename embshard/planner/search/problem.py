@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from embshard.planner.cost.perf import fixed_perf, kernel_call_ms, kernel_group, num_collections
 from embshard.planner.cost.storage import requester_storage
-from embshard.planner.enumerate import candidate, enumerate_candidates
+from embshard.planner.enumerate import candidate, enumerate_candidates, forward_only
 from embshard.planner.types import Candidate, Constraints, Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
@@ -58,7 +58,8 @@ class CandVec:
         return sum(self.shard_cost)
 
 
-def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index) -> CandVec:
+def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index,
+             inference: bool = False) -> CandVec:
     """Flatten one candidate per member table (members of a unit are placed shard-aligned).
 
     kernel_index: kernel group -> int, or None when kernel calls cost nothing."""
@@ -82,7 +83,7 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
             every_ms += sum(rv[:3])
         every_ms += c.every_rank.total_ms
         # every layout pays the requester buffers; they are reserved up front (Problem.base_mem)
-        every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo).total_bytes
+        every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo, inference).total_bytes
     st = cands[0].sharding_type
     shard_kernels, every_kernels = (), ()
     if kernel_index is not None:
@@ -125,25 +126,27 @@ class Problem:
 SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a rank's average load or memory
 
 
-def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints) -> set[str]:
+def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, inference: bool) -> set[str]:
     """Tables big enough (in predicted time or bytes, whole) for splitting to matter."""
     whole = {}
     for s in specs:
         if ShardingType.TABLE_WISE in constraints.for_table(s.name).sharding_types:
-            c = candidate(s, topo, ShardingType.TABLE_WISE, 1)
+            c = candidate(s, topo, ShardingType.TABLE_WISE, 1, inference)
             whole[s.name] = (c.shards[0].perf.total_ms, c.shards[0].storage.total_bytes)
     avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
     limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
     return {s.name for s in specs if s.name not in whole or whole[s.name][0] > SPLIT_SHARE * avg_ms or whole[s.name][1] > limit_bytes}
 
 
-def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False) -> Problem:
+def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
+                  inference: bool = False) -> Problem:
+    """inference: forward-only costs and storage (serving; see embshard.planner.enumerate)."""
     by_name = {s.name: s for s in specs}
-    worthy = _split_worthy(specs, topo, constraints)
+    worthy = _split_worthy(specs, topo, constraints, inference)
     grouped = {n for g in constraints.keep_together for n in g}
     members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
     units = []
-    call_ms = kernel_call_ms(topo)
+    call_ms = forward_only(fixed_perf(topo, 0, 1)).total_ms if inference else kernel_call_ms(topo)
     kernels: dict[tuple, int] = {}
     kernel_index = (lambda key: kernels.setdefault(key, len(kernels))) if call_ms else None
     all_ranks = set(range(topo.world_size))
@@ -156,18 +159,21 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
-            cands = tuple(_combine([c], tables, topo, kernel_index) for c in enumerate_candidates(tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible))
+            cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
+                tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible, inference))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
                     raise ValueError(f"constraints.keep_together: {t.name!r} is kept together with others (placed table_wise on one rank) but its sharding_types exclude table_wise")
-            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1) for t in tables], tables, topo, kernel_index),)
+            cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1, inference) for t in tables], tables, topo,
+                              kernel_index, inference),)
         if not cands:
             raise ValueError(f"constraints.tables.{tables[0].name}: no sharding of this table satisfies its constraints "
                              f"(allowed types {[s.value for s in constraints.for_table(tables[0].name).sharding_types]}); allow more types or ranks")
         units.append(Unit(tables, cands, tuple(sorted(ranks))))
-    base_mem = sum(requester_storage(s, topo).total_bytes for s in specs)
-    base_ms = fixed_perf(topo, num_collections(specs), 0).total_ms
+    base_mem = sum(requester_storage(s, topo, inference).total_bytes for s in specs)
+    fixed = fixed_perf(topo, num_collections(specs), 0)
+    base_ms = (forward_only(fixed) if inference else fixed).total_ms
     return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms)
 
 
