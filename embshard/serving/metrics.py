@@ -32,6 +32,7 @@ class ServingMetrics:
         self.latency_ms: dict[str, deque[float]] = {}
         self.batch_sizes: dict[str, deque[int]] = {}
         self.num_batches: Counter[str] = Counter()
+        self.num_samples: Counter[str] = Counter()  # in all batches since start
         self.window = window
 
     def record_request(self, endpoint: str, status: int, latency_ms: float) -> None:
@@ -40,6 +41,7 @@ class ServingMetrics:
 
     def record_batch(self, kind: str, num_samples: int) -> None:
         self.num_batches[kind] += 1
+        self.num_samples[kind] += num_samples
         self.batch_sizes.setdefault(kind, deque(maxlen=self.window)).append(num_samples)
 
     def snapshot(self) -> dict:
@@ -50,7 +52,7 @@ class ServingMetrics:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "requests": requests,
             "latency_ms": {e: _summary(v) for e, v in sorted(self.latency_ms.items())},
-            "batches": {kind: {"count": self.num_batches[kind], "size": _summary(sizes), "histogram": _histogram(sizes)}
+            "batches": {kind: {"count": self.num_batches[kind], "samples": self.num_samples[kind], "size": _summary(sizes), "histogram": _histogram(sizes)}
                         for kind, sizes in sorted(self.batch_sizes.items())},
             "queue_depth": dict(self.queue_depth()),
             "memory_bytes_per_rank": [dict(m) for m in self.memory_per_rank],

@@ -42,7 +42,7 @@ def run_rank(settings: ServeSettings) -> None:
         if not ctx.is_main:
             worker.follow()
             return
-        broken = asyncio.run(_serve(worker, memory, settings))
+        broken = asyncio.run(serve_rank0(worker, memory, settings))
         if broken is not None:
             fail(PROG, f"rank 0: {broken}", EXIT_FAILED)
     except ArtifactError as e:  # raised on every rank with the same message
@@ -61,7 +61,7 @@ def run_rank(settings: ServeSettings) -> None:
             distributed.stop(ctx)
 
 
-async def _serve(worker: RankWorker, memory: list[dict[str, int]], settings: ServeSettings) -> str | None:
+async def serve_rank0(worker: RankWorker, memory: list[dict[str, int]], settings: ServeSettings) -> str | None:
     """Rank 0: the HTTP server until SIGTERM/SIGINT; why the group broke, if it did."""
     metrics = ServingMetrics(memory, queue_depth=lambda: batcher.queue_depth())
     batcher = Batcher(worker.run_batch, worker.heartbeat, worker.stop, settings.batching, settings.server.heartbeat_ms,

@@ -14,15 +14,23 @@ import signal
 import socket
 import time
 
+import aiohttp
 import pytest
 import torch
 
-from embshard.serving.client import get_json, post_json, predict_body
-from serve_process import ServeProcess, run
+from embshard.serving.client import ServeProcess, get_json, post_json, predict_body
 from test_parity import reference  # noqa: F401 - the unsharded model's scores (a fixture)
 
 REQUEST_TIMEOUT_MS = 3000
 MAX_REQUEST_SAMPLES = 64
+
+
+def run(coroutine_fn, *args):
+    """``coroutine_fn(session, *args)`` with a fresh aiohttp session, run to completion."""
+    async def main():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            return await coroutine_fn(session, *args)
+    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")

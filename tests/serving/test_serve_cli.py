@@ -1,0 +1,81 @@
+"""embshard-serve's command line: bad input ends with one line and exit status 2 before any
+rank starts; an artifact for another world size is refused; a rank lost while serving makes
+/healthz and /predict answer 503 with the reason, and SIGTERM still stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+import aiohttp
+import pytest
+
+from embshard.serving.client import BIN, ServeProcess, get_json, post_json, predict_body
+from test_parity import reference  # noqa: F401 - held-out samples (a fixture)
+
+TIMEOUT_S = 120
+
+
+def serve_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "embshard-serve"), *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = [line for line in done.stderr.splitlines() if line.startswith("embshard-serve: error:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    ((), ("artifact / checkpoint: give exactly one",)),
+    (("artifact=/nonexistent/art",), ("artifact: /nonexistent/art is not a folder",)),
+    (("artifact=.", "server.port=70000"), ("server.port: 70000",)),
+    (("artifact=.", "server.heartbeat_ms=20000", "launcher.collective_timeout_s=30"), ("server.heartbeat_ms",)),
+    (("artifact=.", "server.nope=1"), ("nope",)),
+])
+def test_bad_config_is_one_line_exit_2(args, words):
+    assert_one_line_error(serve_cli(*args), *words)
+
+
+def test_artifact_of_another_world_size_is_refused(artifact):
+    done = serve_cli(f"artifact={artifact('fp32', 2)}", "launcher.nproc=1", "server.port=0")
+    assert_one_line_error(done, "2")
+    assert "world" in done.stderr.lower(), done.stderr[-2000:]
+
+
+def test_lost_rank_makes_healthz_unhealthy_and_sigterm_still_stops(artifact, reference, tmp_path):
+    server = ServeProcess.start([f"artifact={artifact('fp32', 2)}", "launcher.nproc=2", "launcher.collective_timeout_s=20",
+                                 "server.heartbeat_ms=200"], tmp_path)
+    try:
+        ranks = server.rank_pids()
+        assert len(ranks) == 2
+        body = predict_body(reference["samples"].slice(0, 2), reference["layout"])
+        os.kill(ranks[1], signal.SIGKILL)
+
+        async def poll(session):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                status, health = await get_json(session, f"{server.url}/healthz")
+                if status != 200:
+                    return (status, health), await post_json(session, f"{server.url}/predict", body)
+                await asyncio.sleep(0.2)
+            return (status, health), None
+
+        async def main():
+            async with aiohttp.ClientSession() as session:
+                return await poll(session)
+        (status, health), predict = asyncio.run(main())
+        assert status == 503 and health["status"] == "unhealthy" and "collective failed" in health["reason"], health
+        assert predict is not None and predict[0] == 503 and "collective failed" in predict[1]["error"], predict
+        assert server.stop(signal.SIGTERM, timeout_s=40) != 0
+        assert not os.path.exists(f"/proc/{ranks[0]}") or "zombie" in open(f"/proc/{ranks[0]}/status").read()
+        assert "embshard-serve: error:" in server.log() and "collective failed" in server.log()
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
