@@ -1,7 +1,8 @@
 """What GET /metrics reports: request counts, latency and batch-size percentiles, queue depth, memory.
 
 Latencies and batch sizes are kept for the last ``window`` requests / batches (percentiles
-over a sliding window); counts are totals since start.
+over a sliding window); counts are totals since start; memory per rank is measured when the
+ranks have loaded their shards.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class ServingMetrics:
 def _summary(values: deque) -> dict:
     out = {f"p{q}": percentile(values, q) for q in PERCENTILES}
     out["mean"] = sum(values) / len(values) if values else None
-    return out
+    return {k: None if v is None else round(v, 3) for k, v in out.items()}
 
 
 def _histogram(sizes: deque[int]) -> dict[str, int]:
