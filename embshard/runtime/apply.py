@@ -7,6 +7,10 @@ Read like torchtitan's parallelize: each step is one function. Embedding modules
 copy of their weights; the remaining dense parameters are wrapped in
 DistributedDataParallel. Table optimizers come from the plan's specs; their learning
 rate and hyper-parameters from ``optimizer``.
+
+Serving: ``apply_embedding_sharding(model, plan, pg, None, device)`` swaps in forward-only
+collections (weight dtypes from the plan's specs) without reading the modules' weights, so
+they may live on the meta device; the blocks load with ``load_quantized``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ def shard_model(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, *,
 
 
 def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup,
-                             optimizer: OptimizerConfig, device: torch.device) -> nn.Module:
-    """Replace every EmbeddingBagCollection / EmbeddingCollection by its sharded version, weights copied."""
+                             optimizer: OptimizerConfig | None, device: torch.device) -> nn.Module:
+    """Replace every EmbeddingBagCollection / EmbeddingCollection by its sharded version, weights copied
+    (``optimizer=None``: forward-only collections, weights not copied)."""
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
     for name, module in targets:
         sharded = shard_embedding_bags(module, plan, pg, optimizer, device) if isinstance(module, EmbeddingBagCollection) \
@@ -49,7 +54,7 @@ def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, pg: dist.Proc
 
 
 def shard_embedding_bags(ebc: EmbeddingBagCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
-                         optimizer: OptimizerConfig, device: torch.device) -> ShardedEmbeddingBagCollection:
+                         optimizer: OptimizerConfig | None, device: torch.device) -> ShardedEmbeddingBagCollection:
     configs = ebc.embedding_bag_configs()
     bad = [c.name for c in configs if c.pooling not in POOLING]
     if bad:
@@ -58,15 +63,17 @@ def shard_embedding_bags(ebc: EmbeddingBagCollection, plan: ShardingPlan, pg: di
     sharded = ShardedEmbeddingBagCollection(_specs(configs, plan, pooled=True), plan, pg,
                                             pooling={c.name: POOLING[c.pooling] for c in configs},
                                             weighted=ebc.is_weighted(), optimizer=optimizer, device=device)
-    sharded.load_tables({c.name: ebc.embedding_bags[c.name].weight.detach() for c in configs})
+    if optimizer is not None:
+        sharded.load_tables({c.name: ebc.embedding_bags[c.name].weight.detach() for c in configs})
     return sharded
 
 
 def shard_embeddings(ec: EmbeddingCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
-                     optimizer: OptimizerConfig, device: torch.device) -> ShardedEmbeddingCollection:
+                     optimizer: OptimizerConfig | None, device: torch.device) -> ShardedEmbeddingCollection:
     configs = ec.embedding_configs()
     sharded = ShardedEmbeddingCollection(_specs(configs, plan, pooled=False), plan, pg, optimizer=optimizer, device=device)
-    sharded.load_tables({c.name: ec.embeddings[c.name].weight.detach() for c in configs})
+    if optimizer is not None:
+        sharded.load_tables({c.name: ec.embeddings[c.name].weight.detach() for c in configs})
     return sharded
 
 

@@ -19,6 +19,11 @@ gradients instead of whole-table gradients; it costs world_size x the local look
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table
 this rank holds.
+
+Serving: with ``optimizer=None`` a collection is forward-only. The same routing, input and
+output dist run around FBGEMM's inference kernel (`embshard.runtime.quantized.QuantKernel`),
+one per weight dtype (fp32, fp16, row-wise int8: each table's spec dtype); the blocks start
+empty and load with `load_quantized`. Such a collection has no training state.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from embshard.runtime.input_dist import InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
 from embshard.runtime.optim import OptimizerConfig
 from embshard.runtime.output_dist import PooledOutputDist, SequenceOutputDist, by_source
+from embshard.runtime.quantized import QuantKernel
 from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_routing, check_plan
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
@@ -48,17 +54,18 @@ from embshard.specs import TableSpec
 
 class _ShardedCollection(nn.Module):
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
-                 pooling: Mapping[str, str], weighted: bool, optimizer: OptimizerConfig, device: torch.device | None,
-                 seed: int) -> None:
+                 pooling: Mapping[str, str], weighted: bool, optimizer: OptimizerConfig | None,
+                 device: torch.device | None, seed: int) -> None:
         super().__init__()
         self.pg, self.pooled, self.weighted, self.optimizer_config = pg, pooled, weighted, optimizer
+        self.inference = optimizer is None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.where = type(self).__name__
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.specs = tuple(tables)
         error = None
         try:
-            check_plan(self.specs, plan, self.world_size, pooled, self.where)
+            check_plan(self.specs, plan, self.world_size, pooled, self.where, self.inference)
             bad = {n: m for n, m in pooling.items() if m not in POOLING_MODES or n not in {s.name for s in self.specs}}
             if bad:
                 raise ValueError(f"{self.where}: pooling {bad}: give known table names and modes from {POOLING_MODES}")
@@ -70,7 +77,7 @@ class _ShardedCollection(nn.Module):
             raise ValueError(f"{self.where}: ranks were given different plans or tables (fingerprints {header[:, 0].tolist()}); "
                              "load the same plan file on every rank")
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
-                                              fbgemm_optimizers(self.device))
+                                              fbgemm_optimizers(self.device), self.inference)
         replicas = self.routing.replicas
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
         self.replica_kernels = [self._kernel(k) for k in replicas.kernels] if replicas else []
@@ -78,12 +85,16 @@ class _ShardedCollection(nn.Module):
         self.replica_dist = InputDist(replicas, pg, self.device) if replicas else None
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
+        if self.inference:
+            return
         for table, (kernel, i, slot) in self._blocks().items():
             spec = self._spec(table)
             kernel.block_weights()[i].copy_(init_block(table, spec.num_embeddings, slot.num_rows, slot.num_cols,
                                                        slot.row_offset, slot.col_offset, seed))
 
     def _kernel(self, spec: KernelSpec) -> nn.Module:
+        if self.inference:
+            return QuantKernel(spec, self.pooled, spec.dtype, self.device)
         dtypes = [self._spec(b.table).dtype for b in spec.blocks]
         if spec.impl == "fbgemm":
             return FbgemmKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
@@ -119,11 +130,37 @@ class _ShardedCollection(nn.Module):
         replicated = self.replica_dist(batch, batch_sizes) if self.replica_dist else None
         return batch, batch_sizes, received, replicated
 
+    def _distribute_and_look_up(self, features: KeyedJaggedTensor):
+        """Input dist and rank-local lookups: (batch, batch sizes, received, replicated, outputs of the
+        sharded kernels, outputs of the replica kernels)."""
+        with self._phase("input_dist"):
+            batch, batch_sizes, received, replicated = self._distribute(features)
+        with self._phase("lookup"):
+            outs = self._look_up(self.kernels, received)
+            replica_outs = self._look_up(self.replica_kernels, replicated)
+        return batch, batch_sizes, received, replicated, outs, replica_outs
+
     @staticmethod
     def _look_up(kernels: list[nn.Module], received: Received | None) -> list[Tensor]:
         if received is None:
             return []
         return [k(x.indices, x.offsets, x.per_sample_weights, x.ids_per_feature_rank) for k, x in zip(kernels, received.inputs)]
+
+    # ---- serving (forward-only collections) ---------------------------------------------
+    def load_quantized(self, blocks: Mapping[str, tuple[Tensor, Tensor | None]]) -> None:
+        """Fill this rank's blocks: table -> (weight [rows, cols] in the table's dtype, uint8 for int8;
+        int8: fp16 (scale, bias) per row [rows, 2], else None), as the plan cuts them."""
+        assert self.inference, "load_quantized fills forward-only collections (optimizer=None)"
+        missing = sorted(set(self._blocks()) - set(blocks))
+        if missing:
+            raise ValueError(f"{self.where}.load_quantized: no weights for this rank's block(s) of {missing}")
+        for table, (kernel, i, _) in self._blocks().items():
+            kernel.load_block(i, *blocks[table])
+
+    def memory_bytes(self) -> int:
+        """Bytes of this rank's weight buffers (forward-only collections)."""
+        assert self.inference, "memory_bytes counts the buffers of forward-only collections"
+        return sum(k.memory_bytes() for k in [*self.kernels, *self.replica_kernels])
 
     # ---- optimizer and state ------------------------------------------------------------
     def set_learning_rate(self, learning_rate: float) -> None:
@@ -133,6 +170,9 @@ class _ShardedCollection(nn.Module):
 
     def _shards(self, copy: bool) -> dict[str, TableShard]:
         """This rank's blocks; ``copy=False`` gives views of the live weights and state."""
+        if self.inference:
+            raise ValueError(f"{self.where}: a forward-only (serving) collection has no training state to save or "
+                             "load; its weights load with load_quantized")
         out = {}
         for table, (kernel, i, slot) in self._blocks().items():
             spec = self._spec(table)
@@ -180,13 +220,14 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
 
     pooling: table name -> "sum" (default) or "mean". weighted: use the batch's per-id
     weights (TorchRec's ``is_weighted``). optimizer: fused optimizer settings; each
-    table's optimizer kind comes from its spec. seed: initial weights (`load_tables` or
-    `load_state_dict` replace them).
+    table's optimizer kind comes from its spec; None: forward-only serving kernels (see the
+    module docstring). seed: initial weights (`load_tables` or `load_state_dict` replace them).
     """
 
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
                  pooling: Mapping[str, str] | None = None, weighted: bool = False,
-                 optimizer: OptimizerConfig = OptimizerConfig(), device: torch.device | None = None, seed: int = 0) -> None:
+                 optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
+                 seed: int = 0) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed)
         self.output_dist = PooledOutputDist(self.routing, pg, self.device)
@@ -194,11 +235,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         self._dims = [f.dim for f in self.routing.features]
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        with self._phase("input_dist"):
-            batch, batch_sizes, received, replicated = self._distribute(features)
-        with self._phase("lookup"):
-            outs = self._look_up(self.kernels, received)
-            replica_outs = self._look_up(self.replica_kernels, replicated)
+        batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             replica_rows = None
             if replica_outs:  # every replica computed every rank's rows; keep this rank's
@@ -212,17 +249,14 @@ class ShardedEmbeddingCollection(_ShardedCollection):
     """Sequence tables (``pooled: false``) sharded by ``plan`` over ``pg``: one embedding per id."""
 
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
-                 optimizer: OptimizerConfig = OptimizerConfig(), device: torch.device | None = None, seed: int = 0) -> None:
+                 optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
+                 seed: int = 0) -> None:
         super().__init__(tables, plan, pg, pooled=False, pooling={}, weighted=False, optimizer=optimizer,
                          device=device, seed=seed)
         self.output_dist = SequenceOutputDist(self.routing, pg, self.device)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        with self._phase("input_dist"):
-            batch, batch_sizes, received, replicated = self._distribute(features)
-        with self._phase("lookup"):
-            outs = self._look_up(self.kernels, received)
-            replica_outs = self._look_up(self.replica_kernels, replicated)
+        batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
             replica_rows = None

@@ -104,8 +104,9 @@ class SlotCutter:
                 positions[unbucketize] = torch.arange(unbucketize.numel(), device=unbucketize.device)
         if not r.pooled:
             positions = (positions if positions is not None else torch.arange(values.numel(), device=values.device)).double()
+        rows = len(r.features) * (r.num_buckets if r.has_row_wise else 1)  # explicit: a rank's batch may be empty
         lengths_QB, values, extra = torch.ops.fbgemm.permute_2D_sparse_data(
-            self.permute, lengths.view(-1, batch.batch_size), values, weights if r.pooled else positions)
+            self.permute, lengths.view(rows, batch.batch_size), values, weights if r.pooled else positions)
         if r.pooled:
             return SendBuffers(lengths_QB.reshape(-1), values, extra, None)
         return SendBuffers(lengths_QB.reshape(-1), values, None, extra.long())

@@ -17,7 +17,7 @@ with the number of ids.
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -88,19 +88,7 @@ class FbgemmKernel(nn.Module):
                 ids_per_feature_rank: list[list[int]] | None = None) -> Tensor:
         if self.pooled:
             return self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
-        counts_FR = torch.tensor(ids_per_feature_rank, dtype=torch.int64, device=indices.device)
-        ids_F = counts_FR.sum(1)
-        F = ids_F.numel()
-        bags = max(1, int(ids_F.max()))  # every feature gets this many bags: one id each, then empty ones
-        lengths = (torch.arange(bags, device=indices.device).unsqueeze(0) < ids_F.unsqueeze(1)).to(torch.int64)
-        pooled = self.tbe(indices, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)))  # [bags, F * dim]
-        # Input position p (features one after another) -> output row: bag (p - first id of its feature) of its feature.
-        order = source_major_rows(counts_FR)
-        feature_P = torch.repeat_interleave(torch.arange(F, device=indices.device), ids_F, output_size=indices.numel())
-        first_F = torch.cumsum(ids_F, 0) - ids_F
-        feature_O = feature_P.index_select(0, order)
-        rows = (order - first_F.index_select(0, feature_O)) * F + feature_O
-        return pooled.view(-1, self.dim).index_select(0, rows).reshape(-1)
+        return one_id_bag_rows(self.tbe, self.dim, indices, ids_per_feature_rank)
 
     def block_weights(self) -> list[Tensor]:
         return list(self.tbe.split_embedding_weights())
@@ -206,6 +194,25 @@ class _TorchLookup(torch.autograd.Function):
             grad_ND = grad
         kernel.update(rows_N, grad_ND.float())
         return None, None, None, None, None, None
+
+
+def one_id_bag_rows(summing_kernel: Callable[[Tensor, Tensor], Tensor], dim: int, indices: Tensor,
+                    ids_per_feature_rank: list[list[int]]) -> Tensor:
+    """Sequence lookups through a summing kernel (``kernel(indices, offsets)`` -> [bags, F * dim]) over
+    one-id bags: the rows flat, ordered [rank][feature][id] x dim."""
+    counts_FR = torch.tensor(ids_per_feature_rank, dtype=torch.int64, device=indices.device)
+    ids_F = counts_FR.sum(1)
+    F = ids_F.numel()
+    bags = max(1, int(ids_F.max()))  # every feature gets this many bags: one id each, then empty ones
+    lengths = (torch.arange(bags, device=indices.device).unsqueeze(0) < ids_F.unsqueeze(1)).to(torch.int64)
+    pooled = summing_kernel(indices, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)))  # [bags, F * dim]
+    # Input position p (features one after another) -> output row: bag (p - first id of its feature) of its feature.
+    order = source_major_rows(counts_FR)
+    feature_P = torch.repeat_interleave(torch.arange(F, device=indices.device), ids_F, output_size=indices.numel())
+    first_F = torch.cumsum(ids_F, 0) - ids_F
+    feature_O = feature_P.index_select(0, order)
+    rows = (order - first_F.index_select(0, feature_O)) * F + feature_O
+    return pooled.view(-1, dim).index_select(0, rows).reshape(-1)
 
 
 def source_major_rows(counts_FR: Tensor) -> Tensor:

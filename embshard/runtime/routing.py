@@ -8,8 +8,9 @@ ids in its rows, re-based to the block). data_parallel features get a second rou
 `Routing.replicas`, with one slot per feature on every rank: each replica looks up the
 global batch, keeps its own rows, and applies the same update as every other replica.
 On its destination, a slot belongs to one rank-local kernel (grouped by implementation,
-optimizer and, except for FBGEMM's pooled kernel, width); slots are ordered by kernel so
-that every kernel reads a contiguous range.
+optimizer, weight dtype and, except for FBGEMM's pooled kernels, width); slots are ordered
+by kernel so that every kernel reads a contiguous range. Serving collections (``inference``)
+group by dtype alone: their forward-only kernels have no optimizer.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class Slot:
 class KernelSpec:
     """A rank-local fused kernel over blocks (one per table) serving a range of slots."""
 
-    impl: str  # "fbgemm" or "torch"
-    optimizer: str
+    impl: str  # "fbgemm" or "torch" (training), "quant" (forward-only serving)
+    optimizer: str  # "" for forward-only kernels
+    dtype: str  # weight dtype of every block
     slots: tuple[Slot, ...]  # served slots, in order
     blocks: tuple[Slot, ...]  # one representative slot per table block, in kernel order
     slot_block: tuple[int, ...]  # for each served slot, its block index
@@ -102,8 +104,10 @@ class Routing:
         return self.num_buckets > 1
 
 
-def check_plan(specs: Sequence[TableSpec], plan: ShardingPlan, world_size: int, pooled: bool, where: str) -> None:
-    """ValueError unless ``plan`` places exactly these tables, as they are, on ``world_size`` ranks."""
+def check_plan(specs: Sequence[TableSpec], plan: ShardingPlan, world_size: int, pooled: bool, where: str,
+               inference: bool = False) -> None:
+    """ValueError unless ``plan`` places exactly these tables, as they are, on ``world_size`` ranks
+    (int8 tables only in forward-only ``inference`` collections)."""
     if not specs:
         raise ValueError(f"{where}: no tables; give at least one {'pooled' if pooled else 'sequence'} table spec")
     if plan.topology.world_size != world_size:
@@ -122,6 +126,9 @@ def check_plan(specs: Sequence[TableSpec], plan: ShardingPlan, world_size: int, 
             if getattr(ps, field) != getattr(spec, field):
                 raise ValueError(f"{where}: table {spec.name!r}.{field} is {getattr(spec, field)!r} but the plan has "
                                  f"{getattr(ps, field)!r}; re-run the planner for these tables")
+        if spec.dtype == "int8" and not inference:
+            raise ValueError(f"{where}: table {spec.name!r} is int8, which serves (embshard-export dtype=int8) but does "
+                             "not train; train it in fp32 or fp16")
         if spec.optimizer not in OPTIMIZERS:
             raise ValueError(f"{where}: table {spec.name!r}.optimizer {spec.optimizer!r} is not one of {OPTIMIZERS}")
     names = [s.name for s in specs]
@@ -146,10 +153,12 @@ def build_routing(
     pooled: bool,
     pooling: Mapping[str, str],
     fbgemm_optimizers: frozenset[str],
+    inference: bool = False,
 ) -> Routing:
     """Slots, kernels and row-bucket boundaries of one collection on ``rank``.
 
     fbgemm_optimizers: optimizers FBGEMM runs on this device; tables with others use the torch kernel.
+    inference: forward-only serving kernels, one per weight dtype (and width, for sequence kernels).
     """
     features: list[FeatureInfo] = []
     slots: list[Slot] = []
@@ -175,12 +184,14 @@ def build_routing(
     bucket_bounds = tuple(tuple(b + [f.num_embeddings] * (num_buckets + 1 - len(b))) for b, f in zip(bounds, features))
     by_name = {s.name: s for s in specs}
 
-    def kernel_key(slot: Slot) -> tuple[str, str, int]:
-        optimizer = by_name[slot.table].optimizer
+    def kernel_key(slot: Slot) -> tuple[str, str, str, int]:
+        spec = by_name[slot.table]
+        if inference:
+            return "quant", "", spec.dtype, 0 if pooled else slot.num_cols
         # Only replicas can have widths FBGEMM rejects (check_plan guards the shards).
-        impl = "fbgemm" if optimizer in fbgemm_optimizers and slot.num_cols % COL_ALIGN == 0 else "torch"
+        impl = "fbgemm" if spec.optimizer in fbgemm_optimizers and slot.num_cols % COL_ALIGN == 0 else "torch"
         # FBGEMM's pooled kernel mixes widths; sequence kernels and the torch kernel do not.
-        return impl, optimizer, (0 if impl == "fbgemm" and pooled else slot.num_cols)
+        return impl, spec.optimizer, spec.dtype, (0 if impl == "fbgemm" and pooled else slot.num_cols)
 
     slots_by_rank, kernels = _order_by_kernel(slots, rank, world_size, kernel_key)
     dp_features = [i for i, f in enumerate(features) if f.data_parallel]
@@ -211,7 +222,8 @@ def _order_by_kernel(slots: list[Slot], rank: int, world_size: int, kernel_key) 
     return tuple(slots_by_rank), tuple(kernels)
 
 
-def _kernel(key: tuple[str, str, int], served: list[Slot], slot_start: int) -> KernelSpec:
+def _kernel(key: tuple[str, str, str, int], served: list[Slot], slot_start: int) -> KernelSpec:
     tables = list(dict.fromkeys(s.table for s in served))
     blocks = tuple(next(s for s in served if s.table == t) for t in tables)
-    return KernelSpec(key[0], key[1], tuple(served), blocks, tuple(tables.index(s.table) for s in served), slot_start)
+    return KernelSpec(key[0], key[1], key[2], tuple(served), blocks, tuple(tables.index(s.table) for s in served),
+                      slot_start)
