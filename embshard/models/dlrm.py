@@ -39,9 +39,12 @@ def mlp(in_features: int, sizes: Sequence[int], last_activation: bool) -> nn.Seq
 
 
 class DLRM(nn.Module):
-    """tables: the pooled tables, plus the sequence table when ``config.sequence.enabled``."""
+    """tables: the pooled tables, plus the sequence table when ``config.sequence.enabled``.
+    embedding_device: where the unsharded tables are allocated ("meta" when they are swapped for
+    sharded ones that load their own weights, as serving does)."""
 
-    def __init__(self, config: DLRMConfig, tables: Sequence[TableSpec], num_dense: int) -> None:
+    def __init__(self, config: DLRMConfig, tables: Sequence[TableSpec], num_dense: int,
+                 embedding_device: torch.device | str = "cpu") -> None:
         super().__init__()
         pooled = [t for t in tables if t.pooled]
         sequence = [t for t in tables if not t.pooled]
@@ -51,8 +54,8 @@ class DLRM(nn.Module):
         self.config = config
         self.num_features = sum(t.num_features for t in pooled)
         self.bottom = mlp(num_dense, config.bottom_mlp, last_activation=True)
-        self.sparse = EmbeddingBagCollection(tables=bag_configs, device=torch.device("cpu"))
-        self.sequence = EmbeddingCollection(tables=sequence_configs, device=torch.device("cpu")) if sequence else None
+        self.sparse = EmbeddingBagCollection(tables=bag_configs, device=torch.device(embedding_device))
+        self.sequence = EmbeddingCollection(tables=sequence_configs, device=torch.device(embedding_device)) if sequence else None
         self.attention = TargetAttention(D) if sequence else None
         num_vectors = self.num_features + (2 if sequence else 0)  # + pooled history and target
         if config.interaction == "dot":
@@ -77,7 +80,8 @@ class DLRM(nn.Module):
         if extra:
             embeddings_BE = torch.cat([embeddings_BE, *extra], dim=1)
         if self.config.interaction == "dot":
-            out = self.interaction(dense_BD, embeddings_BE.view(dense_BD.shape[0], -1, dense_BD.shape[1]))
+            B, D = dense_BD.shape  # explicit vector count: B may be 0 (a serving rank without samples)
+            out = self.interaction(dense_BD, embeddings_BE.view(B, embeddings_BE.shape[1] // D, D))
         else:
             out = self.interaction(dense_BD, embeddings_BE)
         return self.top(out).squeeze(1)

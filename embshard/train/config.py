@@ -123,15 +123,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     raw = OmegaConf.to_container(cfg, resolve=True)
     optim: OptimConfig = value_of(obj.optim)
     model: DLRMConfig = value_of(obj.model)
-    tables = raw["tables"]
-    if optim.table_optimizer is not None:
-        tables = [{**t, "optimizer": optim.table_optimizer} for t in tables]
-    specs = tables_from_list(tables, "tables")
-    if model.sequence.enabled:
-        taken = [s.name for s in specs if s.name == model.sequence.table]
-        if taken:
-            raise ValueError(f"model.sequence.table: {taken[0]!r} is already a table of the tables file; choose another name")
-        specs += (model.sequence.table_spec(model.dense_dim, optim.table_optimizer or specs[0].optimizer),)
+    specs = run_specs(raw["tables"], model, optim.table_optimizer)
     topology = Topology.from_dict(raw["topology"])
     # The unsharded reference does not plan: its constraints (for a sharded run's ranks) are not used.
     constraints = Constraints() if obj.unsharded else \
@@ -144,6 +136,20 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         unsharded=obj.unsharded, plan_file=obj.plan_file, out_dir=Path(obj.out_dir))
     check(settings)
     return settings
+
+
+def run_specs(tables: list[Any], model: DLRMConfig, table_optimizer: str | None) -> tuple[TableSpec, ...]:
+    """The run's tables: the tables file's (optimizer overridden by ``optim.table_optimizer``), plus the
+    model's sequence table (also read by embshard-export from a run's config.yaml)."""
+    if table_optimizer is not None:
+        tables = [{**t, "optimizer": table_optimizer} for t in tables]
+    specs = tables_from_list(tables, "tables")
+    if model.sequence.enabled:
+        taken = [s.name for s in specs if s.name == model.sequence.table]
+        if taken:
+            raise ValueError(f"model.sequence.table: {taken[0]!r} is already a table of the tables file; choose another name")
+        specs += (model.sequence.table_spec(model.dense_dim, table_optimizer or specs[0].optimizer),)
+    return specs
 
 
 def check(s: TrainSettings) -> None:
