@@ -1,0 +1,67 @@
+"""Planner inference mode (serving): forward-only time and storage, int8 rows, exact bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from embshard.planner import plan
+from embshard.planner.api import PlanInfeasibleError, evaluate, placement_for
+from embshard.planner.types import ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+TOPO = Topology(world_size=2, local_world_size=2, hbm_gib=1.0, batch_size_per_rank=4, device="cpu")
+
+
+def test_int8_rows_carry_fbgemm_scale_and_bias():
+    assert TableSpec("t", 10, 8, dtype="int8").row_bytes(8) == 8 + 4
+    assert TableSpec("t", 10, 8, dtype="fp16").row_bytes(4) == 8
+    assert TableSpec("t", 10, 8).row_bytes(8) == 32
+    with pytest.raises(ValueError, match=r"dtype: must be one of \['fp16', 'fp32', 'int8'\]"):
+        TableSpec.from_dict({"name": "t", "num_embeddings": 10, "embedding_dim": 8, "dtype": "int4"})
+
+
+@pytest.mark.parametrize("dtype, inference, rank0, rank1", [
+    # weights 100 rows x (8 + 4) B; ids 8 x 8 B + lengths 8 x 4 B + outputs 8 bags x 8 x 4 B (fp32, no gradient);
+    # every rank: its 4 bags' fp32 outputs (128 B)
+    ("int8", True, {"weights_bytes": 1200, "optimizer_bytes": 0, "io_bytes": 352 + 128}, 128),
+    # fp32 serving: 100 x 32 B of weights, the same buffers
+    ("fp32", True, {"weights_bytes": 3200, "optimizer_bytes": 0, "io_bytes": 352 + 128}, 128),
+    # training: rowwise_adagrad state (4 B per row), outputs and their gradients (2 x 256 B, 2 x 128 B)
+    ("fp32", False, {"weights_bytes": 3200, "optimizer_bytes": 400, "io_bytes": 608 + 256}, 256),
+])
+def test_exact_bytes_of_a_table_wise_table(dtype, inference, rank0, rank1):
+    spec = TableSpec("a", 100, 8, dtype=dtype)
+    p = evaluate([spec], TOPO, [placement_for(spec, TOPO, ShardingType.TABLE_WISE, (0,))], inference=inference)
+    got = p.ranks[0].storage.to_dict()
+    assert {k: got[k] for k in rank0} == rank0
+    assert p.ranks[1].storage.total_bytes == rank1
+
+
+def test_inference_costs_the_forward_pass_only():
+    specs = [TableSpec("a", 5000, 16), TableSpec("b", 3000, 16, pooling_factor=4.0), TableSpec("c", 200, 16),
+             TableSpec("s", 1000, 16, pooled=False, pooling_factor=3.0)]
+    train = plan(specs, TOPO, time_budget_s=0.5)
+    serve = plan(specs, TOPO, time_budget_s=0.5, inference=True)
+    assert serve.search["inference"] is True and train.search["inference"] is False
+    for r in serve.ranks:
+        assert r.perf.output_dist_bwd_ms == r.perf.lookup_bwd_ms == r.perf.dp_allreduce_ms == 0.0
+        assert r.storage.optimizer_bytes == 0
+    assert serve.max_rank_ms < train.max_rank_ms
+    assert sum(r.perf.lookup_bwd_ms for r in train.ranks) > 0
+
+
+def test_inference_plan_fits_where_training_does_not():
+    # 1M x 64 fp32 with adam: 256 MiB of weights + 512 MiB of state; 0.5 GiB per rank keeps 0.45 GiB for shards
+    big = [TableSpec("big", 1_000_000, 64, optimizer="adam")]
+    topo = Topology(world_size=1, local_world_size=1, hbm_gib=0.5, batch_size_per_rank=64, device="cpu")
+    with pytest.raises(PlanInfeasibleError, match="infeasible"):
+        plan(big, topo, time_budget_s=0.2)
+    served = plan(big, topo, time_budget_s=0.2, inference=True)
+    assert served.ranks[0].storage.weights_bytes == 1_000_000 * 64 * 4
+    # 2M rows: fp32 weights (512 MiB) do not fit even for serving; int8 (2M x 68 B) does
+    huge = TableSpec("huge", 2_000_000, 64)
+    with pytest.raises(PlanInfeasibleError):
+        plan([huge], topo, time_budget_s=0.2, inference=True)
+    int8 = plan([TableSpec("huge", 2_000_000, 64, dtype="int8")], topo, time_budget_s=0.2, inference=True)
+    assert int8.ranks[0].storage.weights_bytes == 2_000_000 * (64 + 4)

@@ -1,0 +1,91 @@
+"""embshard-export: what an artifact holds, and bad input refused with one line and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN
+from embshard.serving.artifact import MANIFEST, ArtifactError, read_manifest, sha256_file, verified_bytes
+from embshard.serving.export import ExportSettings, export
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_artifact_lists_every_file_with_its_checksum(artifact):
+    folder = artifact("int8", 2)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["world_size"] == 2
+    assert sorted(manifest["files"]) == ["dense.safetensors", "model.json", "plan.json", "rank_0.safetensors",
+                                         "rank_1.safetensors"]
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256_file(folder / name), name
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["search"]["inference"] is True
+    model = json.loads((folder / "model.json").read_text())
+    assert {t["dtype"] for t in model["tables"]} == {"int8"}
+    with pytest.raises(ArtifactError, match="planned for 2 rank"):
+        read_manifest(folder, 3)
+
+
+def test_a_changed_file_is_refused_by_name(artifact, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact("fp32", 2), copy)
+    manifest = read_manifest(copy, 2)
+    (copy / "model.json").write_text((copy / "model.json").read_text().replace('"dot"', '"dcn"'))
+    with pytest.raises(ArtifactError, match=r"model.json: checksum mismatch"):
+        verified_bytes(copy, manifest, "model.json")
+    (copy / "plan.json").unlink()
+    with pytest.raises(ArtifactError, match=r"plan.json: cannot read it"):
+        verified_bytes(copy, manifest, "plan.json")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"table_dtypes": {"nope": "int8"}}, r"table_dtypes.nope: no such table; the run's tables are \['t0'"),
+    ({"table_dtypes": {"t0": "int4"}}, r"table_dtypes.t0: must be one of \['fp16', 'fp32', 'int8'\], got 'int4'"),
+    ({"dtype": "bf16"}, r"dtype: must be one of"),
+    ({"hbm_gib": 1e-6}, r"infeasible: .*Fix: raise topology.hbm_gib"),
+    ({"checkpoint": Path("/nonexistent/run")}, r"checkpoint=/nonexistent/run: no such folder"),
+])
+def test_bad_settings_are_refused_before_anything_is_written(trained_run, tmp_path, change, message):
+    out = tmp_path / "artifact"
+    with pytest.raises(ValueError, match=message):
+        export(ExportSettings(**{"checkpoint": trained_run, "out": out, "time_budget_s": 0.2, **change}))
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_out_needs_overwrite(trained_run, artifact, tmp_path):
+    existing = artifact("fp32", 2)
+    with pytest.raises(ValueError, match="already exists; choose another folder or pass overwrite=true"):
+        export(ExportSettings(checkpoint=trained_run, out=existing))
+    with pytest.raises(ValueError, match="world_size: must be a positive integer"):
+        ExportSettings(checkpoint=trained_run, out=tmp_path / "a", world_size=0)
+
+
+def test_cli_bad_input_ends_in_one_line_and_no_artifact(trained_run, tmp_path):
+    """Three command lines at once (each start imports torch): a corrupt checkpoint, a missing one, a typo."""
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(trained_run, corrupt)
+    shard = next((corrupt / "checkpoints").glob("step_*/__1_0.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: found only when the tables are read
+    cases = {
+        "corrupt": ([f"checkpoint={corrupt}"], "the files are corrupt or truncated"),
+        "missing": ([f"checkpoint={tmp_path / 'nothing'}"], "no such folder"),
+        "typo": ([f"checkpoint={trained_run}", "dtpye=int8"], "dtpye"),
+    }
+    procs = {name: subprocess.Popen([str(BIN / "embshard-export"), *args, f"out={tmp_path / name / 'artifact'}",
+                                     "time_budget_s=0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (args, _) in cases.items()}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 2, f"{name}: exit {proc.returncode}\n{stderr[-2000:]}"
+        assert len(lines) == 1 and lines[0].startswith("embshard-export: error: "), f"{name}: {stderr[-2000:]}"
+        assert cases[name][1] in lines[0], f"{name}: {lines[0]}"
+        assert leftovers(tmp_path / name) == [], f"{name} left {leftovers(tmp_path / name)}"
