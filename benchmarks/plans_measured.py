@@ -228,7 +228,14 @@ def verdict(e: dict) -> str:
     if margin <= 0:
         return f"embshard NOT fastest: {k} is {-margin:.1%} faster by median"
     how = "every round of embshard faster than every round of" if separated else "by median, but the rounds overlap with"
-    return f"embshard fastest, {margin:.1%} ahead of the next best ({k}); {how} {k}"
+    out = f"embshard fastest, {margin:.1%} ahead of the next best ({k}); {how} {k}"
+    if "torchrec_dmp" in e:  # another runtime too: TorchRec's plan where TorchRec runs it
+        d = e["torchrec_dmp"]
+        dmp_margin = d["measured_max_rank_ms"] / base["measured_max_rank_ms"] - 1
+        apart = max(base["rounds_max_rank_ms"]) < min(d["rounds_max_rank_ms"])
+        out += (f". TorchRec's plan on TorchRec's DMP: {dmp_margin:+.1%} vs embshard's plan on embshard's runtime"
+                f" ({'rounds apart' if apart else 'rounds overlap: not measurably slower'})")
+    return out
 
 
 def markdown(result: dict, command: str) -> str:
