@@ -3,8 +3,9 @@
 `trained_run`: `embshard-train` on 2 gloo ranks for 200 steps (about 30 s) on a planted-signal
 synthetic set with SERVING_TABLES (pooled tables, one of them with bags of ~3 ids) and a
 user-history feature (sequence table ``item``); returns its out_dir (config.yaml, plan.json,
-checkpoints/step_000200). `artifact(dtype, world_size)`: `embshard-export` of that run
-(cached per argument pair), returns the artifact folder.
+checkpoints/step_000200). `artifact(dtype, world_size)`: that run exported as embshard-export
+does it (`embshard.serving.export.export`, in this process: no start-up cost; test_export.py
+runs the command line), cached per argument pair; returns the artifact folder.
 """
 
 from __future__ import annotations
@@ -55,11 +56,11 @@ def artifact(trained_run, tmp_path_factory) -> Callable[[str, int], Path]:
 
     def make(dtype: str, world_size: int) -> Path:
         if (dtype, world_size) not in cache:
+            from embshard.serving.export import ExportSettings, export  # torch: only in tests that use it
+
             out = tmp_path_factory.mktemp(f"artifact_{dtype}_w{world_size}") / "artifact"
-            done = run_cli(["embshard-export", f"checkpoint={trained_run}", f"out={out}", f"world_size={world_size}",
-                            f"dtype={dtype}"])
-            assert done.returncode == 0, f"embshard-export failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-            cache[(dtype, world_size)] = out
+            cache[(dtype, world_size)] = export(ExportSettings(checkpoint=trained_run, out=out, world_size=world_size,
+                                                               dtype=dtype))
         return cache[(dtype, world_size)]
 
     return make

@@ -69,8 +69,9 @@ def test_existing_out_needs_overwrite(trained_run, artifact, tmp_path):
 
 
 def test_cli_bad_input_ends_in_one_line_and_no_artifact(trained_run, tmp_path):
-    """Three command lines at once (each start imports torch): a corrupt checkpoint, a missing one, a typo."""
-    corrupt = tmp_path / "corrupt"
+    """Four command lines at once (each start imports torch): a corrupt checkpoint, a missing one, a typo,
+    and one good export (exit 0, a complete artifact)."""
+    corrupt = tmp_path / "corrupt_run"
     shutil.copytree(trained_run, corrupt)
     shard = next((corrupt / "checkpoints").glob("step_*/__1_0.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # truncated: found only when the tables are read
@@ -79,9 +80,19 @@ def test_cli_bad_input_ends_in_one_line_and_no_artifact(trained_run, tmp_path):
         "missing": ([f"checkpoint={tmp_path / 'nothing'}"], "no such folder"),
         "typo": ([f"checkpoint={trained_run}", "dtpye=int8"], "dtpye"),
     }
-    procs = {name: subprocess.Popen([str(BIN / "embshard-export"), *args, f"out={tmp_path / name / 'artifact'}",
-                                     "time_budget_s=0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [str(BIN / "embshard-export"), "time_budget_s=0.2"]
+    good = subprocess.Popen([*command, f"checkpoint={trained_run}", f"out={tmp_path / 'good'}", "world_size=1",
+                             "dtype=fp16", "+table_dtypes={t0: int8}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    procs = {name: subprocess.Popen([*command, *args, f"out={tmp_path / name / 'artifact'}"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
              for name, (args, _) in cases.items()}
+    stdout, stderr = good.communicate(timeout=180)
+    assert good.returncode == 0, stderr[-2000:]
+    assert f"wrote {tmp_path / 'good'} (1 serving ranks)" in stdout
+    tables = json.loads((tmp_path / "good" / "model.json").read_text())["tables"]
+    assert {t["name"]: t["dtype"] for t in tables} == {"t0": "int8", "t1": "fp16", "t2": "fp16", "t3": "fp16", "item": "fp16"}
+    read_manifest(tmp_path / "good", 1)
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
         lines = stderr.strip().splitlines()
