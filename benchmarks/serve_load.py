@@ -11,7 +11,8 @@ time per request (all its processes; robust to other load on a shared machine) a
 per rank. The reference is the same HTTP server and batcher over TorchRec's unsharded
 `EmbeddingBagCollection`/`EmbeddingCollection` DLRM with the checkpoint's weights, in one
 process (how TorchRec serves); the ratio column divides by its requests/s at the same
-concurrency. The load generator runs on the same cores as the servers.
+concurrency. All servers are up at once and the measurements alternate between them
+(``--repeats`` rounds, medians). The load generator runs on the same cores as the servers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,8 @@ from embshard.serving.predictor import ServingSchema
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 64)
+SERVERS = (("reference", None, None), ("embshard 1 fp32", 1, "fp32"), ("embshard 1 int8", 1, "int8"),
+           ("embshard 2 fp32", 2, "fp32"), ("embshard 2 int8", 2, "int8"))  # name, ranks, dtype
 TRAIN_ARGS = ["launcher.nproc=2", "steps=60", "eval.every_steps=0", "eval.num_batches=2", "planner.time_budget_s=1"]
 
 
@@ -157,18 +161,21 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, duration_
             "memory": after["memory_bytes_per_rank"]}
 
 
-def measure(name: str, server: ServeProcess, pids: list[int], bodies: list[bytes], args) -> list[dict]:
-    rows = []
-    for concurrency in CONCURRENCY:
-        cpu_before = cpu_s(pids)
-        result = asyncio.run(closed_loop(server.url, bodies, concurrency, args.duration_s, args.max_requests))
-        result.update(name=name, concurrency=concurrency, load=os.getloadavg()[0],
-                      cpu_ms_per_request=(cpu_s(pids) - cpu_before) * 1000 / max(1, result["requests"]))
-        print(f"{name:>24} C={concurrency:<3} {result['qps']:8.1f} req/s  p50 {result['p50_ms']:7.1f} ms  "
-              f"p99 {result['p99_ms']:7.1f} ms  batch {result['mean_batch']:5.1f}  "
-              f"cpu {result['cpu_ms_per_request']:6.2f} ms/req  load {result['load']:.1f}", flush=True)
-        rows.append(result)
-    return rows
+def measure(name: str, server: ServeProcess, pids: list[int], bodies: list[bytes], concurrency: int, args) -> dict:
+    cpu_before = cpu_s(pids)
+    result = asyncio.run(closed_loop(server.url, bodies, concurrency, args.duration_s, args.max_requests))
+    result.update(name=name, concurrency=concurrency, load=os.getloadavg()[0],
+                  cpu_ms_per_request=(cpu_s(pids) - cpu_before) * 1000 / max(1, result["requests"]))
+    print(f"{name:>16} C={concurrency:<3} {result['qps']:8.1f} req/s  p50 {result['p50_ms']:7.1f} ms  "
+          f"p99 {result['p99_ms']:7.1f} ms  batch {result['mean_batch']:5.1f}  "
+          f"cpu {result['cpu_ms_per_request']:6.2f} ms/req  load {result['load']:.1f}", flush=True)
+    return result
+
+
+def medians(runs: list[dict]) -> dict:
+    """One row from the repeats of a (server, concurrency): medians of the numbers, the last memory reading."""
+    keys = ("qps", "p50_ms", "p99_ms", "mean_batch", "cpu_ms_per_request", "load")
+    return {**runs[-1], **{k: statistics.median(r[k] for r in runs) for k in keys}, "repeats": len(runs)}
 
 
 def run_cli(args: list[str]) -> None:
@@ -179,36 +186,46 @@ def run_cli(args: list[str]) -> None:
 
 
 def markdown(rows: list[dict], args, run_dir: Path) -> str:
-    reference = {r["concurrency"]: r["qps"] for r in rows if r["name"] == "reference"}
+    reference = {r["concurrency"]: r for r in rows if r["name"] == "reference"}
     lines = [
         "# embshard-serve under load (loopback)", "",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: AMD EPYC, 2 cores (shared with other work: "
-        f"the load column is the 1-minute load average), no GPU, torch {torch.__version__}, gloo. Command: "
-        f"`.venv/bin/python benchmarks/serve_load.py {' '.join(sys.argv[1:])}`.", "",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: AMD EPYC, 2 cores shared with other work "
+        f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo. "
+        f"Command: `.venv/bin/python benchmarks/serve_load.py {' '.join(sys.argv[1:])}`.", "",
         f"Model: DLRM trained by `embshard-train {' '.join(TRAIN_ARGS)}` (tables=criteo_small: 26 tables up to "
-        f"100,000 x 16) in `{run_dir}`. Each request: {args.samples_per_request} samples of the synthetic eval split; "
-        f"closed loop for {args.duration_s:g} s per row after 1 s of warm-up; server defaults (batching.max_batch_size=256, "
-        "max_wait_ms=2). The load generator shares the 2 cores with the servers. CPU ms/req: CPU time of all the "
-        "server's processes per request (less sensitive to other load than req/s). vs ref: req/s over the unsharded "
-        "one-process reference's at the same concurrency.", "",
-        "| server | ranks | dtype | C | req/s | vs ref | p50 ms | p99 ms | mean batch | CPU ms/req | load | "
-        "embedding MiB per rank | RSS MiB per rank |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+        f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export`; the 2-rank ones planned for "
+        f"hbm_gib={args.hbm_gib:g} per rank, so the tables must be split between the ranks. Each request: "
+        f"{args.samples_per_request} samples of the synthetic eval split. Closed loops of C clients, "
+        f"{args.duration_s:g} s each after 1 s of warm-up, {args.repeats} rounds alternating over all five servers "
+        "(all up at once); medians. Server defaults (batching.max_batch_size=256, max_wait_ms=2). The load generator "
+        "shares the 2 cores with the servers.", "",
+        "Columns: vs ref = req/s over the reference's at the same C; CPU ms/req = CPU time of all the server's "
+        "processes per request, and CPU vs ref = the reference's CPU ms/req over this one (>1: embshard spends less "
+        "CPU per request; less disturbed by other load than req/s). The reference is TorchRec's unsharded "
+        "`EmbeddingBagCollection`/`EmbeddingCollection` DLRM with the same weights, in one process (how TorchRec "
+        "serves), behind the same HTTP server and batcher.", "",
+        "| server | ranks | dtype | C | req/s | vs ref | p50 ms | p99 ms | mean batch | CPU ms/req | CPU vs ref | "
+        "load | embedding MiB per rank | RSS MiB per rank |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        mem = r["memory"]
-        emb = " / ".join(f"{m['embedding_weights_bytes'] / 2**20:.1f}" for m in mem)
-        rss = " / ".join(f"{m['rss_bytes'] / 2**20:.0f}" for m in mem)
-        ranks, dtype = (1, "fp32 (TorchRec, unsharded)") if r["name"] == "reference" else r["name"].split()[1:3]
+        ref = reference[r["concurrency"]]
+        emb = " / ".join(f"{m['embedding_weights_bytes'] / 2**20:.1f}" for m in r["memory"])
+        rss = " / ".join(f"{m['rss_bytes'] / 2**20:.0f}" for m in r["memory"])
+        ranks, dtype = ("1", "fp32 (TorchRec, unsharded)") if r["name"] == "reference" else r["name"].split()[1:3]
         lines.append(f"| {r['name'].split()[0]} | {ranks} | {dtype} | {r['concurrency']} | {r['qps']:.1f} | "
-                     f"{r['qps'] / reference[r['concurrency']]:.2f}x | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                     f"{r['mean_batch']:.1f} | {r['cpu_ms_per_request']:.2f} | {r['load']:.1f} | {emb} | {rss} |")
+                     f"{r['qps'] / ref['qps']:.2f}x | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                     f"{r['cpu_ms_per_request']:.2f} | {ref['cpu_ms_per_request'] / r['cpu_ms_per_request']:.2f}x | "
+                     f"{r['load']:.1f} | {emb} | {rss} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, help="an embshard-train out_dir (default: train one)")
-    parser.add_argument("--duration-s", type=float, default=6.0)
+    parser.add_argument("--duration-s", type=float, default=4.0, help="per measurement, after 1 s of warm-up")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds over the servers (medians)")
+    parser.add_argument("--hbm-gib", type=float, default=0.04,
+                        help="memory per rank the 2-rank artifacts are planned for (small: the tables must be sharded)")
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--samples-per-request", type=int, default=4)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.md")
@@ -229,22 +246,27 @@ def main() -> None:
     samples = SyntheticSource(SyntheticConfig(), layout, "eval").read(0, 256 * args.samples_per_request)
     bodies = [json.dumps(predict_body(samples.slice(i, i + args.samples_per_request), layout)).encode()
               for i in range(0, len(samples), args.samples_per_request)]
-    rows = []
-    servers = [("reference", None, None), *((f"embshard {w} {d}", w, d) for w in (1, 2) for d in ("fp32", "int8"))]
-    for name, world, dtype in servers:
-        if world is None:
-            server = start_reference(run_dir, tmp / "reference")
-            pids = [server.proc.pid]
-        else:
+    servers = {}  # name -> (process, pids): all up at once, so that their measurements alternate
+    try:
+        for name, world, dtype in SERVERS:
+            if world is None:
+                server = start_reference(run_dir, tmp / "reference")
+                servers[name] = (server, [server.proc.pid])
+                continue
             artifact = tmp / f"artifact_{dtype}_w{world}"
-            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}",
-                     f"dtype={dtype}"])
+            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}", f"dtype={dtype}",
+                     f"hbm_gib={args.hbm_gib if world > 1 else 16}"])
             server = ServeProcess.start([f"artifact={artifact}", f"launcher.nproc={world}"], tmp / name.replace(" ", "_"))
-            pids = [server.proc.pid, *server.rank_pids()]
-        try:
-            rows += measure(name, server, pids, bodies, args)
-        finally:
+            servers[name] = (server, [server.proc.pid, *server.rank_pids()])
+        runs: dict[tuple[str, int], list[dict]] = {}
+        for concurrency in CONCURRENCY:
+            for _ in range(args.repeats):
+                for name, (server, pids) in servers.items():
+                    runs.setdefault((name, concurrency), []).append(measure(name, server, pids, bodies, concurrency, args))
+    finally:
+        for server, _ in servers.values():
             server.stop()
+    rows = [medians(runs[name, c]) for name in servers for c in CONCURRENCY]
     args.out.write_text(markdown(rows, args, run_dir))
     print(f"wrote {args.out}")
 

@@ -1,8 +1,9 @@
 """The ranks' side of serving: rank 0 sends each batch to every rank with tensor collectives.
 
 Every exchange starts with a broadcast of an int64 header from rank 0,
-``[op, num_samples, num_ids, feature_index, delay_ms]``, followed by the batch's tensors
-(predict: dense [B, F], lengths [B*K] sample-major, ids feature after feature; lookup: ids).
+``[op, num_samples, num_ids, feature_index, delay_ms]``, followed by one broadcast of the
+batch (predict: the bytes of lengths [B, K], ids feature after feature and dense [B, F],
+packed; lookup: the ids).
 Each rank takes its share of the samples (``share``: as even as possible, maybe empty), runs
 the collective `Predictor.predict` / `lookup` on it, and rank 0 gathers the results (padded
 to the largest share). A ValueError of the predictor (raised on every rank alike) skips the
@@ -13,6 +14,7 @@ is pickled. ``delay_ms`` (debug) makes the last rank sleep before its part of th
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -92,12 +94,14 @@ class RankWorker:
         """Scores float32 [B] of the batch's samples."""
         ids = torch.cat(request.ids_by_feature)
         self._send_header(Op.PREDICT, request.num_samples, ids.numel(), 0, delay_ms)
+        self._broadcast(_pack(request.lengths_BF, ids, request.dense_BF))
         return self._predict(request.dense_BF, request.lengths_BF, ids, delay_ms)
 
     def run_lookup(self, request: LookupRequest, delay_ms: int = 0) -> torch.Tensor:
         """Rows float32 [N, dim] of ``request.feature``'s table."""
         self._send_header(Op.LOOKUP, request.num_samples, request.num_samples, self.features.index(request.feature),
                           delay_ms)
+        self._broadcast(request.ids_N)
         return self._lookup(request.feature, request.ids_N, delay_ms)
 
     def heartbeat(self) -> None:
@@ -118,12 +122,13 @@ class RankWorker:
                 return
             try:
                 if op == Op.PREDICT:
-                    dense_BF = self._receive(torch.empty(num_samples, schema.num_dense, dtype=torch.float32))
-                    lengths_BK = self._receive(torch.empty(num_samples, len(self.features), dtype=torch.int64))
-                    ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
+                    parts = ((num_samples, len(self.features), torch.int64), (num_ids, torch.int64),
+                             (num_samples, schema.num_dense, torch.float32))
+                    payload = self._broadcast(torch.empty(_packed_bytes(parts), dtype=torch.uint8))
+                    lengths_BK, ids, dense_BF = _unpack(payload, parts)
                     self._predict(dense_BF, lengths_BK, ids, delay_ms)
                 elif op == Op.LOOKUP:
-                    ids = self._receive(torch.empty(num_ids, dtype=torch.int64))
+                    ids = self._broadcast(torch.empty(num_ids, dtype=torch.int64))
                     self._lookup(self.features[feature_index], ids, delay_ms)
                 else:
                     assert op == Op.HEARTBEAT, f"unknown op {op} in the header from rank 0"
@@ -136,7 +141,7 @@ class RankWorker:
         header = torch.tensor([op, num_samples, num_ids, feature_index, delay_ms], dtype=torch.int64)
         dist.broadcast(header, src=0, group=self.pg)
 
-    def _receive(self, buffer: torch.Tensor) -> torch.Tensor:
+    def _broadcast(self, buffer: torch.Tensor) -> torch.Tensor:
         """Broadcast from rank 0 (rank 0 passes its tensor, the others an empty buffer of the same shape)."""
         if buffer.numel():
             dist.broadcast(buffer, src=0, group=self.pg)
@@ -144,16 +149,12 @@ class RankWorker:
 
     def _predict(self, dense_BF: torch.Tensor, lengths_BK: torch.Tensor, ids: torch.Tensor,
                  delay_ms: int) -> torch.Tensor:
-        if self.rank == 0:
-            self._receive(dense_BF), self._receive(lengths_BK), self._receive(ids)
         start, end = share(dense_BF.shape[0], self.world_size, self.rank)
         self._maybe_delay(delay_ms)
         scores_B = self.predictor.predict(dense_BF[start:end], rank_kjt(self.features, lengths_BK, ids, start, end))
         return self._gather(scores_B.float(), dense_BF.shape[0])
 
     def _lookup(self, feature: str, ids_N: torch.Tensor, delay_ms: int) -> torch.Tensor:
-        if self.rank == 0:
-            self._receive(ids_N)
         start, end = share(ids_N.numel(), self.world_size, self.rank)
         self._maybe_delay(delay_ms)
         rows_ND = self.predictor.lookup(feature, ids_N[start:end])
@@ -174,6 +175,25 @@ class RankWorker:
             return mine
         sizes = [end - start for start, end in (share(total, self.world_size, r) for r in range(self.world_size))]
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+
+def _pack(*tensors: torch.Tensor) -> torch.Tensor:
+    """The tensors' bytes, one after the other (one broadcast instead of one per tensor)."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def _packed_bytes(parts: tuple[tuple, ...]) -> int:
+    return sum(math.prod(p[:-1]) * p[-1].itemsize for p in parts)
+
+
+def _unpack(payload: torch.Tensor, parts: tuple[tuple, ...]) -> list[torch.Tensor]:
+    """The tensors ``_pack`` packed, from their (*shape, dtype); int64 parts first keeps every view aligned."""
+    out, offset = [], 0
+    for *shape, dtype in parts:
+        size = math.prod(shape) * dtype.itemsize
+        out.append(payload[offset:offset + size].view(dtype).reshape(shape))
+        offset += size
+    return out
 
 
 def _rss_bytes() -> int:

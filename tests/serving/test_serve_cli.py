@@ -1,23 +1,30 @@
-"""embshard-serve's command line: bad input ends with one line and exit status 2 before any
-rank starts; an artifact for another world size is refused; a rank lost while serving makes
-/healthz and /predict answer 503 with the reason, and SIGTERM still stops the server.
+"""embshard-serve's command line: bad settings name the key (composed in-process) and end with
+one line and exit status 2 before any rank starts; an artifact for another world size is
+refused; a rank lost while serving makes /healthz and /predict answer 503 with the reason, and
+SIGTERM still stops the server; ``checkpoint=`` exports the run, then serves it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
 
 import aiohttp
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
 
 from embshard.serving.client import BIN, ServeProcess, get_json, post_json, predict_body
+from embshard.serving.config import register, settings_from_config
+from embshard.train.main import CONFIG_DIR
 from test_parity import reference  # noqa: F401 - held-out samples (a fixture)
 
 TIMEOUT_S = 120
+register()
 
 
 def serve_cli(*args: str) -> subprocess.CompletedProcess:
@@ -32,15 +39,33 @@ def assert_one_line_error(done: subprocess.CompletedProcess, *words: str) -> Non
     assert all(w in lines[0] for w in words), lines[0]
 
 
-@pytest.mark.parametrize("args, words", [
-    ((), ("artifact / checkpoint: give exactly one",)),
-    (("artifact=/nonexistent/art",), ("artifact: /nonexistent/art is not a folder",)),
-    (("artifact=.", "server.port=70000"), ("server.port: 70000",)),
-    (("artifact=.", "server.heartbeat_ms=20000", "launcher.collective_timeout_s=30"), ("server.heartbeat_ms",)),
-    (("artifact=.", "server.nope=1"), ("nope",)),
+def settings(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return settings_from_config(compose("serve", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ((), "artifact / checkpoint: give exactly one"),
+    (("artifact=/nonexistent/art",), "artifact: /nonexistent/art is not a folder"),
+    (("artifact=.", "checkpoint=."), "artifact / checkpoint: give exactly one"),
+    (("artifact=.", "server.port=70000"), "server.port: 70000"),
+    (("artifact=.", "batching.max_batch_size=0"), "batching.max_batch_size: must be positive"),
+    (("artifact=.", "server.heartbeat_ms=20000", "launcher.collective_timeout_s=30"), "server.heartbeat_ms"),
 ])
-def test_bad_config_is_one_line_exit_2(args, words):
-    assert_one_line_error(serve_cli(*args), *words)
+def test_bad_settings_name_the_key(overrides, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        settings(*overrides)
+
+
+def test_defaults_compose():
+    s = settings("artifact=.", "+export.table_dtypes={t0: int8}")
+    assert (s.server.port, s.batching.max_batch_size, s.launcher.nproc) == (8080, 256, 1)
+    assert s.export.table_dtypes == {"t0": "int8"}
+
+
+def test_bad_input_is_one_line_exit_2():
+    assert_one_line_error(serve_cli("artifact=/nonexistent/art"), "artifact: /nonexistent/art is not a folder")
+    assert_one_line_error(serve_cli("artifact=.", "server.nope=1"), "nope")
 
 
 def test_artifact_of_another_world_size_is_refused(artifact):
@@ -76,6 +101,26 @@ def test_lost_rank_makes_healthz_unhealthy_and_sigterm_still_stops(artifact, ref
         assert server.stop(signal.SIGTERM, timeout_s=40) != 0
         assert not os.path.exists(f"/proc/{ranks[0]}") or "zombie" in open(f"/proc/{ranks[0]}/status").read()
         assert "embshard-serve: error:" in server.log() and "collective failed" in server.log()
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+
+
+def test_checkpoint_is_exported_then_served_by_one_rank(trained_run, reference, tmp_path):
+    out = tmp_path / "artifact"
+    server = ServeProcess.start([f"checkpoint={trained_run}", f"export.out={out}"], tmp_path / "server")
+    try:
+        body = predict_body(reference["samples"].slice(0, 5), reference["layout"])
+
+        async def main():
+            async with aiohttp.ClientSession() as session:
+                return await post_json(session, f"{server.url}/predict", body)
+        status, answer = asyncio.run(main())
+        assert status == 200, answer
+        got = torch.tensor(answer["scores"])
+        assert torch.allclose(got, reference["scores"][:5], atol=1e-5, rtol=0), got
+        assert f"exported {trained_run} to {out} (1 rank(s))" in server.log()
+        assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
     finally:
         if server.proc.poll() is None:
             server.kill()
