@@ -17,6 +17,7 @@ folded into E and U is zero; c and the fixed costs are 0 in the datasheet model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from embshard.planner.cost.perf import fixed_perf, kernel_call_ms, kernel_group, num_collections
 from embshard.planner.cost.storage import requester_storage
@@ -58,7 +59,7 @@ class CandVec:
         return sum(self.shard_cost)
 
 
-def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index,
+def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index: Callable[[tuple], int] | None,
              inference: bool = False) -> CandVec:
     """Flatten one candidate per member table (members of a unit are placed shard-aligned).
 
