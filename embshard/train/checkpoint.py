@@ -250,11 +250,13 @@ def check_compatible(info: dict[str, Any], parts: Parts, path: Path) -> None:
         elif (s["optimizer"], s["dtype"]) != (r.optimizer, r.dtype):
             problems.append(f"table {name!r} has optimizer {s['optimizer']}, {s['dtype']} in the checkpoint but "
                             f"{r.optimizer}, {r.dtype} here")
-    dense = {n: list(p.shape) for n, p in parts.dense}
-    for name in sorted(set(dense) | set(info["dense"])):
-        if dense.get(name) != info["dense"].get(name):
-            problems.append(f"dense parameter {name!r} has shape {info['dense'].get(name)} in the checkpoint but "
-                            f"{dense.get(name)} here")
+    dense, saved_dense = {n: list(p.shape) for n, p in parts.dense}, info["dense"]
+    if set(dense) != set(saved_dense):
+        problems.append(f"dense parameters only in the checkpoint {sorted(set(saved_dense) - set(dense))[:3]}, only in "
+                        f"this run {sorted(set(dense) - set(saved_dense))[:3]}")
+    for name in sorted(set(dense) & set(saved_dense)):
+        if dense[name] != saved_dense[name]:
+            problems.append(f"dense parameter {name!r} has shape {saved_dense[name]} in the checkpoint but {dense[name]} here")
     if info["dense_optimizer"] != parts.optimizer_name:
         problems.append(f"dense optimizer {info['dense_optimizer']} in the checkpoint, {parts.optimizer_name} here")
     if problems:

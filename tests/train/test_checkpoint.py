@@ -48,6 +48,7 @@ def test_resume_continues_exactly(config_dir, trained, tmp_path) -> None:
     (["tables=larger"], "table 't2' is 100x8 in the checkpoint but 120x8 here"),
     (["tables=fewer"], "tables only in the checkpoint ['t5']"),
     (["model.top_mlp=[32,1]"], "dense parameter 'top.0.weight' has shape"),
+    (["model=dcnv2"], "only in this run ['interaction.crossnet.V_kernels.0'"),
     (["optim.table_optimizer=sgd"], "optimizer adam, fp32 in the checkpoint but sgd, fp32 here"),
     (["optim.dense.name=sgd"], "dense optimizer adam in the checkpoint, sgd here"),
 ])
