@@ -1,8 +1,10 @@
 """Predicted time per shard and phase of one training step, in ms.
 
 Notation: B batch per rank, W ranks, L ranks per host, G = B*W global batch; a table has N
-rows, D columns, e bytes per element, F features each with P ids per sample (pooling
-factor), so one step looks up I = G*P*F ids of it. A shard holds n rows and d columns.
+rows, D columns stored in `TableSpec.row_bytes` bytes per row (fp32, fp16, or int8 with its
+scale and bias), F features each with P ids per sample (pooling factor), so one step looks
+up I = G*P*F ids of it. A shard holds n rows and d columns. Embeddings leave the kernels as
+fp32 (OUTPUT_BYTES) whatever the weights' dtype.
 
 Who pays what:
 - The shard's *holder* receives the ids routed to it, runs the lookup forward and backward
@@ -58,6 +60,7 @@ ID_BYTES = 8
 LENGTH_BYTES = 4
 SECTOR_BYTES = 32
 GRAD_BYTES = 4  # dense gradients and optimizer state are fp32
+OUTPUT_BYTES = 4  # the runtime's kernels emit fp32 embeddings (and take fp32 gradients) whatever the weights' dtype
 
 
 def _ms(num_bytes: float, gb_per_s: float) -> float:
@@ -81,8 +84,9 @@ def _factored(p: Perf, topo: Topology) -> Perf:
                 p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor)
 
 
-def row_bytes(num_cols: int, element_bytes: int) -> int:
-    return math.ceil(num_cols * element_bytes / SECTOR_BYTES) * SECTOR_BYTES
+def row_bytes(spec: TableSpec, num_cols: int) -> int:
+    """Bytes fetched per row: the stored row (elements, and int8's scale and bias) in whole sectors."""
+    return math.ceil(spec.row_bytes(num_cols) / SECTOR_BYTES) * SECTOR_BYTES
 
 
 def spread_comm_ms(num_bytes: float, topo: Topology) -> float:
@@ -106,9 +110,8 @@ def allreduce_ms(num_bytes: float, topo: Topology) -> float:
 
 def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float) -> tuple[float, float]:
     """(forward, backward) ms of a fused TBE lookup of num_ids ids into an n x d shard."""
-    e = spec.element_bytes
-    rb = row_bytes(num_cols, e)
-    out_bytes = out_rows * num_cols * e
+    rb = row_bytes(spec, num_cols)
+    out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
     unique_rows = min(num_ids, num_rows)
     opt = spec.optimizer_state_bytes_per_row(num_cols)
@@ -122,7 +125,7 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
 
 def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int) -> tuple[float, float]:
     """Calibrated lookup work beyond moving bytes (0 in the datasheet model): (forward, backward) ms."""
-    rb = row_bytes(num_cols, spec.element_bytes)
+    rb = row_bytes(spec, num_cols)
     opt = spec.optimizer_state_bytes_per_row(num_cols)
     distinct = expected_distinct_rows(num_ids, num_rows)
     fwd = _ns(num_ids, topo.lookup_fwd_ns_per_id) + _ns(distinct * rb, topo.lookup_ns_per_row_byte)
@@ -147,7 +150,7 @@ def _assemble_ms(spec: TableSpec, topo: Topology, out_bytes: float, num_ids: flo
 def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int, num_shards: int) -> Perf:
     """Time the rank holding one shard spends on it."""
     assert stype is not ShardingType.DATA_PARALLEL
-    G, F, e = topo.global_batch_size, spec.num_features, spec.element_bytes
+    G, F = topo.global_batch_size, spec.num_features
     ids_total = G * spec.pooling_factor * F
     share = num_rows / spec.num_embeddings
     ids = ids_total * share  # ids routed to this shard (all of them unless rows are split)
@@ -155,7 +158,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
         out_rows = G * F  # row shards emit a partial sum for every bag
     else:
         out_rows = ids
-    out_bytes = out_rows * num_cols * e
+    out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
     if stype.splits_rows and spec.pooled:
@@ -179,12 +182,12 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     """Time each rank spends sending its own samples' ids to the shards and taking outputs back."""
     if stype is ShardingType.DATA_PARALLEL:
         return Perf()
-    B, F, e, D = topo.batch_size_per_rank, spec.num_features, spec.element_bytes, spec.embedding_dim
+    B, F, D = topo.batch_size_per_rank, spec.num_features, spec.embedding_dim
     ids = B * spec.pooling_factor * F
     copies = num_shards if stype.splits_cols else 1  # column shards each need every id
     length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
-    out_bytes = (B * F if spec.pooled else ids) * D * e
+    out_bytes = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
     out_ms = spread_comm_ms(out_bytes, topo) + _assemble_ms(spec, topo, out_bytes, ids)
     input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
     return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
@@ -195,16 +198,16 @@ def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
     or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf`."""
     if topo.replicated_dp_lookup:
         return replicated_lookup_perf(spec, topo)
-    B, F, N, D, e = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim, spec.element_bytes
+    B, F, N, D = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
-    rb = row_bytes(D, e)
-    fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * e, topo.hbm_gb_per_s)
+    rb = row_bytes(spec, D)
+    fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
     # dense backward: zero + scatter-add the full gradient, then update every row and its state
-    bwd_bytes = out_rows * D * e + ids * rb + 2 * grad_bytes + N * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + 2 * grad_bytes + N * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
-    out_bytes = out_rows * D * e
+    out_bytes = out_rows * D * OUTPUT_BYTES
     fwd += _ns(ids, topo.dp_fwd_ns_per_id)
     bwd = (_ms(bwd_bytes, topo.hbm_gb_per_s) + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
            + _ns(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
@@ -230,11 +233,11 @@ def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
     (fused) all G bags like a table-wise holder; keeps its own rows (no output all-to-all);
     in backward receives every rank's pooled gradients, as a holder receives its outputs'.
     """
-    B, F, D, e = topo.batch_size_per_rank, spec.num_features, spec.embedding_dim, spec.element_bytes
+    B, F, D = topo.batch_size_per_rank, spec.num_features, spec.embedding_dim
     W = topo.world_size
     held = holder_perf(spec, topo, ShardingType.TABLE_WISE, spec.num_embeddings, D, 1)  # factors applied
     ids = B * spec.pooling_factor * F
-    own_out = (B * F if spec.pooled else ids) * D * e
+    own_out = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
     send = spread_comm_ms(W * (ids * ID_BYTES + B * F * LENGTH_BYTES), topo) + _route_ms(spec, topo, W * ids, W * B * F)
     extra = _factored(Perf(input_dist_ms=send, output_dist_fwd_ms=_assemble_ms(spec, topo, own_out, ids)), topo)
     return Perf(input_dist_ms=held.input_dist_ms + extra.input_dist_ms, lookup_fwd_ms=held.lookup_fwd_ms,

@@ -9,23 +9,21 @@ rank also holds its own samples' outputs and their gradients for every table (re
 side). A per-rank reservation for dense parameters and activations is set by
 `Topology.reserved_fraction`.
 
-``inference`` (serving, forward only): no optimizer state, no gradients; outputs are fp32
-whatever the weights' dtype (FBGEMM's inference kernel dequantizes into fp32).
+Outputs (and their gradients) are fp32 whatever the weights' dtype (perf.OUTPUT_BYTES).
+``inference`` (serving, forward only): no optimizer state, no gradients.
 """
 
 from __future__ import annotations
 
-from embshard.planner.cost.perf import GRAD_BYTES, ID_BYTES, LENGTH_BYTES
+from embshard.planner.cost.perf import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
 from embshard.planner.types import ShardingType, Storage
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
-SERVING_OUTPUT_BYTES = 4  # fp32 embeddings out of the inference kernel
 
-
-def _output_buffers(spec: TableSpec, inference: bool) -> tuple[int, int]:
-    """(copies, bytes per element) of an output buffer: training keeps the output and its gradient."""
-    return (1, SERVING_OUTPUT_BYTES) if inference else (2, spec.element_bytes)
+def _output_copies(inference: bool) -> int:
+    """Training keeps each output and its gradient; serving the output only."""
+    return 1 if inference else 2
 
 
 def holder_storage(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int,
@@ -34,8 +32,7 @@ def holder_storage(spec: TableSpec, topo: Topology, stype: ShardingType, num_row
     G, F = topo.global_batch_size, spec.num_features
     ids = G * spec.pooling_factor * F * num_rows / spec.num_embeddings
     out_rows = G * F if spec.pooled else ids
-    copies, out_bytes = _output_buffers(spec, inference)
-    io = ids * ID_BYTES + G * F * LENGTH_BYTES + copies * out_rows * num_cols * out_bytes
+    io = ids * ID_BYTES + G * F * LENGTH_BYTES + _output_copies(inference) * out_rows * num_cols * OUTPUT_BYTES
     return Storage(
         weights_bytes=num_rows * spec.row_bytes(num_cols),
         optimizer_bytes=0 if inference else num_rows * spec.optimizer_state_bytes_per_row(num_cols),
@@ -46,8 +43,7 @@ def holder_storage(spec: TableSpec, topo: Topology, stype: ShardingType, num_row
 def requester_storage(spec: TableSpec, topo: Topology, inference: bool = False) -> Storage:
     B, F = topo.batch_size_per_rank, spec.num_features
     out_rows = B * F if spec.pooled else B * F * spec.pooling_factor
-    copies, out_bytes = _output_buffers(spec, inference)
-    return Storage(io_bytes=int(copies * out_rows * spec.embedding_dim * out_bytes))
+    return Storage(io_bytes=int(_output_copies(inference) * out_rows * spec.embedding_dim * OUTPUT_BYTES))
 
 
 def data_parallel_storage(spec: TableSpec, topo: Topology, inference: bool = False) -> Storage:
