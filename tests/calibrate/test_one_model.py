@@ -46,9 +46,10 @@ def test_search_objective_is_evaluate_on_a_calibrated_profile(world_size, seed):
     report = evaluate(specs, topo, placements_of(problem, state))
     assert state.costs() == pytest.approx([r.perf.total_ms for r in report.ranks], rel=1e-3)
     assert report.lower_bound_ms <= report.max_rank_ms
-    # and plan() reports that objective
+    # plan() searches the same objective: never below the bound, never above plain greedy
     planned = plan(specs, topo, time_budget_s=1)
-    assert planned.max_rank_ms <= report.max_rank_ms * 1.02
+    greedy_only = evaluate(specs, topo, placements_of(problem, greedy(problem, default_order(problem))))
+    assert report.lower_bound_ms <= planned.max_rank_ms <= greedy_only.max_rank_ms * (1 + 1e-3)  # (row blocks re-ordered by rank)
 
 
 def test_kernel_calls_are_tracked_exactly_through_moves_and_swaps():
