@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from embshard.planner import plan
 from embshard.planner.api import PlanInfeasibleError, evaluate, placement_for
 from embshard.planner.types import ShardingType
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, load_tables_file
 from embshard.topology import Topology
 
 TOPO = Topology(world_size=2, local_world_size=2, hbm_gib=1.0, batch_size_per_rank=4, device="cpu")
@@ -65,3 +67,15 @@ def test_inference_plan_fits_where_training_does_not():
         plan([huge], topo, time_budget_s=0.2, inference=True)
     int8 = plan([TableSpec("huge", 2_000_000, 64, dtype="int8")], topo, time_budget_s=0.2, inference=True)
     assert int8.ranks[0].storage.weights_bytes == 2_000_000 * (64 + 4)
+
+
+def test_replicas_leave_room_for_the_remaining_tables():
+    """Serving makes replicas cheap, so the greedy start would replicate the largest tables until the
+    rest fit nowhere; it keeps room for them: criteo_small (51 MiB fp32) on 2 ranks of 0.045 GiB."""
+    specs, _ = load_tables_file(Path(__file__).resolve().parents[2] / "configs" / "tables" / "criteo_small.yaml")
+    topo = Topology(world_size=2, local_world_size=2, hbm_gib=0.045, batch_size_per_rank=512, device="cpu",
+                    replicated_dp_lookup=True)
+    p = plan(specs, topo, time_budget_s=0.5, inference=True)
+    types = {t.sharding_type for t in p.tables}
+    assert ShardingType.DATA_PARALLEL in types and ShardingType.TABLE_WISE in types
+    assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)

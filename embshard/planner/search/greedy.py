@@ -93,17 +93,22 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     W = problem.topo.world_size
     min_work = [min(cv.work_ms + W * cv.every_ms for cv in problem.units[u].cands) for u in range(len(problem.units))]
     remaining = sum(min_work)
+    # bytes the units still to place need at the least, in all: a replica must leave room for them
+    min_mem = {u: min(sum(cv.shard_mem) + W * cv.every_mem for cv in problem.units[u].cands) for u in order}
+    remaining_mem = sum(min_mem.values())
     total = 0.0
     for ui in order:
         unit = problem.units[ui]
         remaining -= min_work[ui]
+        remaining_mem -= min_mem[ui]
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)
         best = None
         for ci, cv in enumerate(unit.cands):
             pick = place(state, unit, cv, by_cost, costs)
-            if pick is None:
+            if pick is None or (cv.every_mem and W * (state.UM + cv.every_mem) + sum(state.mem) + remaining_mem
+                                > W * problem.cap_bytes):
                 continue
             shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
             touched = max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0)
