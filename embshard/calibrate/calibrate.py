@@ -1,15 +1,18 @@
 """Measure a machine and fit the planner's cost terms: the body of `embshard-calibrate`.
 
     from embshard.calibrate.calibrate import measure_all, fit_data, profile_yaml
-    data = measure_all(cfg)           # kernels, collectives and plans on local ranks
+    data = measure_all(cfg, "cpu")    # kernels, collectives and plans on local ranks
     result = fit_data(data)           # embshard.calibrate.fit.Fit
-    text = profile_yaml(result.topology(base), data, result)
+    text = profile_yaml(profile_topology(base, data, result), data, result, command)
 
-Three sources of measurements, each CPU time per rank (see embshard.calibrate.measure):
-kernel microbenchmarks (embshard.calibrate.kernels), gloo collectives
-(embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
+Three sources of measurements, each the time of a rank (CPU time on cpu, synchronized wall
+time on cuda; see embshard.calibrate.device): kernel microbenchmarks
+(embshard.calibrate.kernels), collectives (gloo on cpu, nccl on cuda;
+embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
 ranks (the runtime's own routing and assembly work). embshard.calibrate.fit fits every term
-of the planner's cost model on the data it explains.
+of the planner's cost model on the data it explains. On cuda, world sizes above the number
+of GPUs are skipped (nccl runs one rank per GPU); with no collective measured (one GPU), the
+profile keeps the device's datasheet communication bandwidth and says so.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
 from embshard.calibrate import collectives, kernels
+from embshard.calibrate.device import BACKENDS, DEVICES, local_ranks_available
 from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, fit
 from embshard.calibrate.measure import PHASES, measure_plans
 from embshard.planner.plan import ShardingPlan
-from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
+from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, Topology
 
 GROUP_KEYS = {
     "topology": {"world_size": int, "local_world_size": int, "hbm_gib": float, "batch_size_per_rank": int, "reserved_fraction": float},
@@ -40,7 +45,7 @@ GROUP_KEYS = {
     "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
               "sequence_fraction": float, "steps": int, "warmup": int},
 }
-TOP_KEYS = ("profile", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
+TOP_KEYS = ("profile", "device", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
 
 
 def validate(cfg: Mapping[str, Any]) -> None:
@@ -53,6 +58,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"profile: must be a name of letters, digits, '_' and '-' (the file configs/topology/<profile>.yaml), got {profile!r}")
     if profile in ("cpu", "gpu"):
         raise ValueError(f"profile: {profile!r} is a shipped datasheet topology; choose another name, e.g. {profile}_measured")
+    if cfg.get("device") not in DEVICES:
+        raise ValueError(f"device: must be one of {list(DEVICES)} (auto: cuda where torch sees a GPU), got {cfg.get('device')!r}")
     timeout = cfg.get("timeout_s")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout_s: must be a positive number of seconds, got {timeout!r}")
@@ -84,18 +91,18 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"{group}.world_sizes: ranks per run must be whole numbers >= 2, got {sizes}")
     if cfg["plans"]["sequence_fraction"] > 1:
         raise ValueError(f"plans.sequence_fraction: must be in [0, 1], got {cfg['plans']['sequence_fraction']!r}")
-    base_topology(cfg)  # the profile's shape must be a valid topology
+    base_topology(cfg, "cpu")  # the profile's shape must be a valid topology
 
 
-def base_topology(cfg: Mapping[str, Any]) -> Topology:
-    return Topology.from_dict({**cfg["topology"], "device": "cpu"}, "topology")
+def base_topology(cfg: Mapping[str, Any], device: str) -> Topology:
+    return Topology.from_dict({**cfg["topology"], "device": device}, "topology")
 
 
-def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int) -> list[ShardingPlan]:
+def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int, device: str = "cpu") -> list[ShardingPlan]:
     """Random runnable layouts of generated workloads (seeds from pcfg['seed'])."""
     from embshard.calibrate.synthetic import bench_tables, random_plan  # imports torch
 
-    topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size, device="cpu")
+    topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size, device=device)
     out = []
     for i in range(pcfg["num_plans"]):
         seed = pcfg["seed"] + 100 * world_size + i
@@ -104,32 +111,57 @@ def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int)
     return out
 
 
-def machine() -> dict[str, Any]:
-    """CPU model, cores, load and date of the measurement."""
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """CPU model, cores, (on cuda) the GPU's name and count, load and date of the measurement."""
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if os.path.exists("/usr/bin/lscpu") else ""
     model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    out = {"cpu": model, "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+           "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    if device == "cuda":
+        import torch
+
+        out.update(gpu=torch.cuda.get_device_name(0), num_gpus=torch.cuda.device_count())
+    return out
 
 
-def measure_all(cfg: Mapping[str, Any], log=print) -> dict[str, Any]:
-    """Run every enabled measurement; returns the data file's content."""
+def runnable_world_sizes(sizes: Sequence[int], device: str, what: str, log) -> list[int]:
+    """The world sizes this machine can run (on cuda: one GPU per rank); logs the others."""
+    ok = [w for w in sizes if local_ranks_available(device, w)]
+    if len(ok) < len(sizes):
+        log(f"{what}: skipping world sizes {[w for w in sizes if w not in ok]}: nccl runs one rank per GPU and this machine has fewer")
+    return ok
+
+
+def comm_note(data: Mapping[str, Any]) -> str | None:
+    """Why communication keeps the datasheet terms (None when collectives were measured)."""
+    if data.get("collectives"):
+        return None
+    device = data.get("device", "cpu")
+    return (f"communication not measured (no collectives ran: one {device} rank): intra_host_gb_per_s keeps the {device} datasheet "
+            f"{DEVICE_DEFAULTS[device]['intra_host_gb_per_s']:g} GB/s and collective_ms 0")
+
+
+def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any]:
+    """Run every enabled measurement on ``device`` (cpu: gloo ranks; cuda: nccl ranks, one GPU each);
+    returns the data file's content."""
     kc, cc, pc = cfg["kernels"], cfg["collectives"], cfg["plans"]
-    data: dict[str, Any] = {"machine_start": machine(), "config": {k: cfg[k] for k in ("topology", "kernels", "collectives", "plans")}}
+    data: dict[str, Any] = {"device": device, "machine_start": machine(device),
+                            "config": {k: cfg[k] for k in ("topology", "kernels", "collectives", "plans")}}
     t0 = time.perf_counter()
     points = kernels.grid(kc["dims"], kc["rows"], kc["batches"], kc["poolings"], kc["sequence"], kc["dp_max_rows"], kc["max_table_elements"])
-    log(f"kernels: {len(points)} points on 1 rank")
-    data["kernels"] = kernels.run(points, kc["steps"], kc["warmup"], cfg["timeout_s"])
-    log(f"collectives: {len(cc['sizes_bytes'])} sizes on {cc['world_sizes']} ranks")
-    data["collectives"] = collectives.run(cc["world_sizes"], cc["sizes_bytes"], cc["reps"], cc["warmup"], cfg["timeout_s"])
+    log(f"kernels: {len(points)} points on 1 {device} rank ({BACKENDS[device]})")
+    data["kernels"] = kernels.run(points, kc["steps"], kc["warmup"], cfg["timeout_s"], device)
+    sizes = runnable_world_sizes(cc["world_sizes"], device, "collectives", log)
+    log(f"collectives: {len(cc['sizes_bytes'])} sizes on {sizes} ranks")
+    data["collectives"] = collectives.run(sizes, cc["sizes_bytes"], cc["reps"], cc["warmup"], cfg["timeout_s"], device)
     data["plans"] = []
-    for W in pc["world_sizes"]:
-        plans = calibration_plans(pc, W, cfg["topology"]["batch_size_per_rank"])
+    for W in runnable_world_sizes(pc["world_sizes"], device, "plans", log):
+        plans = calibration_plans(pc, W, cfg["topology"]["batch_size_per_rank"], device)
         log(f"plans: {len(plans)} random layouts on {W} ranks")
-        for p, m in zip(plans, measure_plans(plans, steps=pc["steps"], warmup=pc["warmup"], timeout_s=cfg["timeout_s"])):
+        for p, m in zip(plans, measure_plans(plans, steps=pc["steps"], warmup=pc["warmup"], timeout_s=cfg["timeout_s"], device=device)):
             data["plans"].append({"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m.ranks], "wall_ms": [r.wall_ms for r in m.ranks],
                                   "step_wall_ms": m.step_wall_ms})
-    data["machine_end"] = machine()
+    data["machine_end"] = machine(device)
     data["measure_s"] = time.perf_counter() - t0
     return data
 
@@ -145,21 +177,42 @@ def samples_of(data: Mapping[str, Any]) -> list[Sample]:
 
 
 def fit_data(data: Mapping[str, Any]) -> Fit:
-    return fit(samples_of(data), data.get("collectives", []))
+    """Fit every term; without measured collectives, communication keeps the device's datasheet
+    bandwidth and no per-collective latency (comm_note)."""
+    device = data.get("device", "cpu")
+    fixed = {} if data.get("collectives") else {
+        "intra_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["intra_host_gb_per_s"] * 1e6), "collective_ms": 0.0}
+    return fit(samples_of(data), data.get("collectives", []), fixed)
+
+
+def profile_topology(base: Topology, data: Mapping[str, Any], result: Fit) -> Topology:
+    """The fitted topology on ``base``'s shape; without measured collectives, the base's duplex model too."""
+    topology = result.topology(base)
+    return topology if data.get("collectives") else replace(topology, full_duplex=base.full_duplex)
 
 
 def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, command: str) -> str:
     """The profile file: the topology with its fitted terms, and how it was measured."""
     m0, m1 = data.get("machine_start", {}), data.get("machine_end", {})
+    if data.get("device", "cpu") == "cuda":
+        where = [f"# Measured cost profile: {m0.get('gpu', '?')} ({m0.get('num_gpus', '?')} GPU(s) on the host; nccl, one rank per GPU), "
+                 f"host {m0.get('cpu', '?')}, {m0.get('cores', '?')} cores.",
+                 "# Times are wall-clock time per rank, read after torch.cuda.synchronize() (CPU time would count only kernel launches)."]
+    else:
+        where = [f"# Measured cost profile: {m0.get('cpu', '?')}, {m0.get('cores', '?')} cores, no GPU; gloo on CPU, one torch thread per rank.",
+                 "# Times are CPU time per rank (its process's user + system time, gloo's threads included):",
+                 "# a rank's work on a core of its own. Sends and receives both cost CPU: full_duplex is false."]
+    note = comm_note(data)
     lines = [
-        f"# Measured cost profile: {m0.get('cpu', '?')}, {m0.get('cores', '?')} cores, no GPU; gloo on CPU, one torch thread per rank.",
+        where[0],
         f"# Written by `{command}` on {m1.get('date', m0.get('date', '?'))}",
         f"# (load average {m0.get('load_avg')} at start, {m1.get('load_avg')} at end; measuring took {data.get('measure_s', 0):.0f} s).",
-        "# Times are CPU time per rank (its process's user + system time, gloo's threads included):",
-        "# a rank's work on a core of its own. Sends and receives both cost CPU: full_duplex is false.",
+        *where[1:],
+        *([f"# {note}."] if note else []),
+        *([] if data.get("plans") else ["# per-phase factors are 1: no multi-rank plan was measured."]),
         f"# Fit (relative error of per-rank step time): "
         + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
-        "# inter_host_gb_per_s is not measured on one host (0 = the cpu default). See embshard/planner/cost/perf.py.",
+        f"# inter_host_gb_per_s is not measured on one host (0 = the {data.get('device', 'cpu')} default). See embshard/planner/cost/perf.py.",
     ]
     values = topology.to_dict()
     for key in ("world_size", "local_world_size", "hbm_gib", "batch_size_per_rank", "device", "reserved_fraction"):
@@ -167,7 +220,7 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
     for key in BANDWIDTHS:
         lines.append(f"{key}: {_num(values[key])}")
     lines.append("inter_host_gb_per_s: 0.0")
-    lines.append("full_duplex: false")
+    lines.append(f"full_duplex: {'true' if values['full_duplex'] else 'false'}")
     lines.append("replicated_dp_lookup: true")
     for key in CALIBRATED_TERMS:
         lines.append(f"{key}: {_num(values[key])}")

@@ -3,10 +3,13 @@
     embshard-calibrate profile=cpu_gloo_measured                 # ~10 min on 2 cores
     embshard-plan topology=cpu_gloo_measured tables=dlrm_150     # plan with measured costs
     embshard-calibrate profile=mine from_data=outputs/calibrate/mine.json   # refit only
+    embshard-calibrate profile=h200 device=cuda topology.world_size=8 topology.local_world_size=8 topology.hbm_gib=139
 
 A Hydra app over configs/calibrate.yaml. Measures FBGEMM lookups forward and backward over
-dims, pooling factors, rows and batch sizes; gloo all-to-all and all-reduce over message
-and world sizes; and random layouts of generated workloads on 2 and 4 local ranks; fits the
+dims, pooling factors, rows and batch sizes; all-to-all and all-reduce over message and
+world sizes; and random layouts of generated workloads on 2 and 4 local ranks (device=cpu:
+gloo ranks; device=cuda: nccl ranks, one GPU each, world sizes above the GPU count skipped;
+device=auto: cuda where torch sees a GPU); fits the
 planner's per-phase cost terms (embshard.calibrate.fit) and writes
 configs/topology/<profile>.yaml and the raw measurements (data_out). Bad input ends with
 exit status 2 and one line on stderr, ``embshard-calibrate: error: ...``.
@@ -21,8 +24,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard.calibrate.calibrate import (base_topology, fit_data, measure_all, profile_yaml, read_data, validate, write_data,
-                                          write_profile)
+from embshard.calibrate.calibrate import (base_topology, comm_note, fit_data, measure_all, profile_topology, profile_yaml, read_data,
+                                          validate, write_data, write_profile)
+from embshard.calibrate.device import BACKENDS, resolve_device
 from embshard.cli import fail, run_hydra_app
 from embshard.plan_cli import CONFIG_DIR
 
@@ -34,15 +38,20 @@ def run(cfg: dict) -> Path:
     command = " ".join([PROG, *sys.argv[1:]])
     if cfg.get("from_data"):
         data = read_data(cfg["from_data"])
-        print(f"refitting {cfg['from_data']}", flush=True)
+        print(f"refitting {cfg['from_data']} (measured on {data.get('device', 'cpu')}; the device option is not used)", flush=True)
     else:
-        data = measure_all(cfg, log=lambda m: print(m, flush=True))
+        device = resolve_device(cfg["device"])
+        print(f"measuring on {device} ({BACKENDS[device]})", flush=True)
+        data = measure_all(cfg, device, log=lambda m: print(m, flush=True))
         write_data(data, cfg["data_out"])
         print(f"wrote measurements to {cfg['data_out']}", flush=True)
     result = fit_data(data)
-    path = write_profile(profile_yaml(result.topology(base_topology(cfg)), data, result, command), cfg, Path(CONFIG_DIR))
+    topology = profile_topology(base_topology(cfg, data.get("device", "cpu")), data, result)
+    path = write_profile(profile_yaml(topology, data, result, command), cfg, Path(CONFIG_DIR))
     for src, e in sorted(result.errors.items()):
         print(f"fit {src}: median error {e['median']:.1%}, p90 {e['p90']:.1%} over {e['n']}", flush=True)
+    if comm_note(data):
+        print(comm_note(data), flush=True)
     print(f"wrote {path}; plan with: embshard-plan topology={cfg['profile']}", flush=True)
     return path
 

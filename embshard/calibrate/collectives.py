@@ -1,14 +1,15 @@
 """Microbenchmarks of the collectives the runtime uses: all-to-all (even splits) and
-all-reduce of fp32 tensors, across message sizes and world sizes, on local gloo ranks.
+all-reduce of fp32 tensors, across message sizes and world sizes, on local ranks: gloo on
+CPU, or nccl with the tensors on each rank's GPU (device="cuda").
 
-Each rank reports the median CPU time (its process, gloo's threads included) and wall time
-of ``reps`` calls after ``warmup``; ranks line up with a barrier before every call.
+Each rank reports the median CPU time (its process, gloo's threads included; on cuda the
+wall time after synchronizing, see embshard.calibrate.device) and wall time of ``reps``
+calls after ``warmup``; ranks line up with a barrier before every call.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Sequence
 
 OPS = ("all_to_all", "all_reduce")
@@ -18,22 +19,27 @@ def bench_in_rank(pg, job: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from embshard.calibrate.device import clock_reader
+
+    device = job.get("device", "cpu")
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    read = clock_reader(device)
     W = dist.get_world_size(pg)
     rows = []
     for nbytes in job["sizes_bytes"]:
         n = max(W, int(nbytes) // 4 // W * W)
-        x = torch.rand(n)
+        x = torch.rand(n, device=where)
         for op in OPS:
             cpu, wall = [], []
             for i in range(job["warmup"] + job["reps"]):
-                out = torch.empty(n)
+                out = torch.empty(n, device=where)
                 dist.barrier(group=pg)
-                c0, w0 = time.process_time(), time.perf_counter()
+                c0, w0 = read()
                 if op == "all_to_all":
                     dist.all_to_all_single(out, x, group=pg)
                 else:
                     dist.all_reduce(x, group=pg)
-                c1, w1 = time.process_time(), time.perf_counter()
+                c1, w1 = read()
                 if i >= job["warmup"]:
                     cpu.append(c1 - c0)
                     wall.append(w1 - w0)
@@ -43,13 +49,13 @@ def bench_in_rank(pg, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(world_sizes: Sequence[int], sizes_bytes: Sequence[int], reps: int = 7, warmup: int = 2,
-        timeout_s: float = 900.0) -> list[dict[str, Any]]:
+        timeout_s: float = 900.0, device: str = "cpu") -> list[dict[str, Any]]:
     """Rows (op, world_size, bytes per rank, rank, cpu_ms, wall_ms) for every rank of every world size."""
     from embshard.calibrate.measure import run_ranks
 
     out = []
     for W in world_sizes:
-        job = {"kind": "collectives", "sizes_bytes": list(sizes_bytes), "reps": reps, "warmup": warmup}
+        job = {"kind": "collectives", "sizes_bytes": list(sizes_bytes), "reps": reps, "warmup": warmup, "device": device}
         for rank, result in enumerate(run_ranks(W, job, timeout_s)):
             out.extend({**row, "rank": rank} for row in result["rows"])
     return out

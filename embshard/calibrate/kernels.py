@@ -6,7 +6,8 @@ rowwise_adagrad update, pooled or sequence) or data_parallel ("dp": the runtime'
 kernel) on a one-rank gloo group. Going through the public runtime (a sharded collection
 with a timer, embshard.calibrate.measure) keeps the benchmark honest as the runtime
 changes: the lookup phases are exactly what a rank runs, and the input/output dist phases
-at one rank measure the per-id CPU work of routing without any network transfer.
+at one rank measure the per-id work of routing without any network transfer. On cuda the
+one rank is an nccl rank on GPU 0, its tables and batches on the GPU.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class KernelPoint:
     def spec(self) -> TableSpec:
         return TableSpec("t", self.rows, self.dim, float(self.pooling), pooled=self.pooled)
 
-    def topology(self) -> Topology:
-        return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device="cpu")
+    def topology(self, device: str = "cpu") -> Topology:
+        return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device=device)
 
     def plan(self, topology: Topology | None = None) -> ShardingPlan:
         stype = ShardingType.TABLE_WISE if self.kind == "fbgemm" else ShardingType.DATA_PARALLEL
@@ -61,9 +62,12 @@ def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], pooli
     return points
 
 
-def run(points: Sequence[KernelPoint], steps: int = 5, warmup: int = 2, timeout_s: float = 1800.0) -> list[dict[str, Any]]:
-    """Measure every point on one spawned rank; rows of the point's fields plus measured CPU ms by phase."""
+def run(points: Sequence[KernelPoint], steps: int = 5, warmup: int = 2, timeout_s: float = 1800.0,
+        device: str = "cpu") -> list[dict[str, Any]]:
+    """Measure every point on one spawned rank (cpu, or GPU 0 for device="cuda"); rows of the
+    point's fields plus measured ms by phase (cpu_*: the rank's time, see embshard.calibrate.device)."""
     from embshard.calibrate.measure import measure_plans
 
-    measured = measure_plans([p.plan() for p in points], steps=steps, warmup=warmup, timeout_s=timeout_s)
+    measured = measure_plans([p.plan(p.topology(device)) for p in points], steps=steps, warmup=warmup, timeout_s=timeout_s,
+                             device=device)
     return [{**asdict(p), **{f"cpu_{k}": v for k, v in m.ranks[0].cpu_ms.items()}} for p, m in zip(points, measured)]

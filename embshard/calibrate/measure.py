@@ -1,7 +1,8 @@
-"""Run a ShardingPlan on local gloo ranks and measure each rank's time per phase of a step.
+"""Run a ShardingPlan on local ranks and measure each rank's time per phase of a step.
 
     from embshard.calibrate.measure import measure_plans
-    results = measure_plans([plan], steps=10)      # spawns plan.topology.world_size ranks
+    results = measure_plans([plan], steps=10)      # spawns plan.topology.world_size gloo ranks on CPU
+    results = measure_plans([plan], device="cuda")  # nccl ranks, one GPU each
     results[0].ranks[r].cpu_ms["lookup_bwd"]
 
 Every rank builds the sharded collections of the plan (pooled tables in a
@@ -20,7 +21,10 @@ counts as output_dist_bwd. The step is forward + backward of the
 collections; the harness's own work (batches, gradient seeds, hooks) is not counted.
 
 Each phase is timed two ways: CPU time of the rank's process (user + system, all its
-threads, gloo's included) and wall-clock time. CPU time is the *per-rank* measure: it is what
+threads, gloo's included) and wall-clock time. On cuda both are wall-clock time read after
+torch.cuda.synchronize() (embshard.calibrate.device.clock_reader): kernels run
+asynchronously, so CPU time would count only their launches; the ``cpu_ms`` fields then
+hold that synchronized wall time. CPU time is the *per-rank* measure: it is what
 the rank's work costs on a core of its own, whatever else runs on the machine, and does not
 count waiting for slower peers inside collectives. Wall-clock time, with more ranks than
 cores or other load, also counts time the rank was not scheduled and time spent waiting for
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from embshard.calibrate.device import BACKENDS, clock_reader
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Perf
 
@@ -80,21 +85,23 @@ class PlanMeasurement:
 
 
 class PhaseClock:
-    """Sums CPU and wall seconds per phase. Duck-types embshard.runtime.timing.PhaseTimer
-    (``collection.timer = clock``), and times autograd nodes in backward."""
+    """Sums CPU (on cuda: synchronized wall) and wall seconds per phase. Duck-types
+    embshard.runtime.timing.PhaseTimer (``collection.timer = clock``), and times autograd nodes in backward."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
+        self.read = clock_reader(device)  # () -> (rank seconds, wall seconds)
         self.cpu: dict[str, float] = defaultdict(float)
         self.wall: dict[str, float] = defaultdict(float)
         self.in_lookup_bwd = False  # set while a lookup backward node runs
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0 = self.read()
         try:
             yield
         finally:
-            self.add(name, time.process_time() - c0, time.perf_counter() - w0)
+            c1, w1 = self.read()
+            self.add(name, c1 - c0, w1 - w0)
 
     def add(self, name: str, cpu_s: float, wall_s: float) -> None:
         self.cpu[name] += cpu_s
@@ -132,10 +139,11 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 
             def pre(grad_outputs, start=start, phase=phase):
                 clock.in_lookup_bwd = phase == "lookup_bwd_ms"
-                start[:] = [time.process_time(), time.perf_counter()]
+                start[:] = clock.read()
 
             def post(grad_inputs, grad_outputs, start=start, phase=phase):
-                clock.add(phase, time.process_time() - start[0], time.perf_counter() - start[1])
+                c1, w1 = clock.read()
+                clock.add(phase, c1 - start[0], w1 - start[1])
                 clock.in_lookup_bwd = False
 
             node.register_prehook(pre)
@@ -158,11 +166,12 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
         def timed(*args, **kwargs):
             if not clock.in_lookup_bwd:
                 return fn(*args, **kwargs)
-            c0, w0 = time.process_time(), time.perf_counter()
+            c0, w0 = clock.read()
             try:
                 return fn(*args, **kwargs)
             finally:
-                clock.add("dp_allreduce_ms", time.process_time() - c0, time.perf_counter() - w0)
+                c1, w1 = clock.read()
+                clock.add("dp_allreduce_ms", c1 - c0, w1 - w0)
         return timed
 
     for n, fn in originals.items():
@@ -174,8 +183,10 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
             setattr(dist, n, fn)
 
 
-def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int = 0, num_batches: int = 3) -> dict[str, Any]:
-    """Build the plan's collections on this rank, run warmup + steps, return per-step phase times (s)."""
+def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int = 0, num_batches: int = 3,
+                     device: str = "cpu") -> dict[str, Any]:
+    """Build the plan's collections on this rank (tables on ``device``: cpu, or this rank's GPU),
+    run warmup + steps, return per-step phase times (s)."""
     import torch
     import torch.distributed as dist
 
@@ -183,17 +194,18 @@ def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int 
     from embshard.runtime import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 
     rank = dist.get_rank(pg)
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     B = plan.topology.batch_size_per_rank
     pooled = [s for s in plan.specs if s.pooled]
     sequence = [s for s in plan.specs if not s.pooled]
     collections = []
     if pooled:
-        collections.append((ShardedEmbeddingBagCollection(pooled, plan, pg), pooled))
+        collections.append((ShardedEmbeddingBagCollection(pooled, plan, pg, device=where), pooled))
     if sequence:
-        collections.append((ShardedEmbeddingCollection(sequence, plan, pg), sequence))
+        collections.append((ShardedEmbeddingCollection(sequence, plan, pg, device=where), sequence))
     gen = torch.Generator().manual_seed(seed * 7919 + rank)
-    batches = [[synthetic_batch(specs, B, gen) for _, specs in collections] for _ in range(num_batches)]
-    clock = PhaseClock()
+    batches = [[synthetic_batch(specs, B, gen).to(where) for _, specs in collections] for _ in range(num_batches)]
+    clock = PhaseClock(device)
     for module, _ in collections:
         module.timer = clock
     per_step: list[dict[str, tuple[float, float]]] = []
@@ -206,21 +218,22 @@ def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int 
             roots.extend([out.values()] if hasattr(out, "length_per_key") else [jt.values() for jt in out.values()])
         instrument_backward(roots, clock)
         grads = [torch.ones_like(r) for r in roots]
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0 = clock.read()
         torch.autograd.backward(roots, grads)
-        clock.add("backward", time.process_time() - c0, time.perf_counter() - w0)
+        c1, w1 = clock.read()
+        clock.add("backward", c1 - c0, w1 - w0)
 
     with timed_replica_sync(clock):
         for i in range(warmup):
             one_step(batches[i % num_batches])
         dist.barrier(group=pg)
-        w_start = time.perf_counter()
+        w_start = clock.read()[1]
         for i in range(steps):
             clock.reset()
             one_step(batches[i % num_batches])
             per_step.append({k: (clock.cpu[k], clock.wall[k]) for k in clock.cpu})
         dist.barrier(group=pg)
-        step_wall_s = (time.perf_counter() - w_start) / max(steps, 1)
+        step_wall_s = (clock.read()[1] - w_start) / max(steps, 1)
     for module, _ in collections:
         module.timer = None
     return {"rank": rank, "per_step": per_step, "step_wall_s": step_wall_s}
@@ -261,9 +274,10 @@ def free_port() -> int:
 
 
 def run_ranks(world_size: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``job`` (see embshard.calibrate.worker) on world_size local gloo ranks; each rank's JSON result.
+    """Run ``job`` (see embshard.calibrate.worker) on world_size local ranks; each rank's JSON result.
 
-    Ranks are separate processes with one torch thread each; they are killed at the timeout.
+    Ranks are separate processes with one torch thread each: gloo ranks on CPU, or nccl ranks
+    on GPUs 0..world_size-1 for a job with ``"device": "cuda"``; they are killed at the timeout.
     Raises RuntimeError with the failing rank's last output lines.
     """
     with tempfile.TemporaryDirectory(prefix=f"embshard-measure-w{world_size}-") as tmp:
@@ -294,15 +308,17 @@ def run_ranks(world_size: int, job: dict[str, Any], timeout_s: float) -> list[di
 
 
 def measure_plans(plans: Sequence[ShardingPlan], *, steps: int = 10, warmup: int = 3, seed: int = 0,
-                  timeout_s: float = 900.0) -> list[PlanMeasurement]:
-    """Measure plans of one world size on local ranks (one process group for all of them)."""
+                  timeout_s: float = 900.0, device: str = "cpu") -> list[PlanMeasurement]:
+    """Measure plans of one world size on local ranks (one process group for all of them), on
+    CPU over gloo or, with device="cuda", one GPU per rank over nccl."""
     if not plans:
         return []
     sizes = {p.topology.world_size for p in plans}
     if len(sizes) != 1:
         raise ValueError(f"measure_plans: plans for different world sizes {sorted(sizes)}; measure each size separately")
     world_size = sizes.pop()
-    job = {"kind": "plans", "plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup, "seed": seed}
+    assert device in BACKENDS, device
+    job = {"kind": "plans", "plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup, "seed": seed, "device": device}
     per_rank = run_ranks(world_size, job, timeout_s)
     out = []
     for i in range(len(plans)):

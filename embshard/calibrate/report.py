@@ -1,10 +1,12 @@
 """Measured next to predicted: per-rank time by phase of a plan run on local ranks.
 
 `embshard-plan ... measure=true` calls `measure_report` after planning: the plan runs on
-topology.world_size local gloo ranks (synthetic batches drawn from the table specs, batch
-topology.batch_size_per_rank per rank) and a table shows, per rank and phase, the
-predicted time and the measured CPU time of the rank (see embshard.calibrate.measure for why
-CPU time), then the totals, the wall-clock step time and how well the ranks' order matches.
+topology.world_size local ranks on the topology's device (cpu: gloo ranks; cuda: nccl
+ranks, one GPU each), with synthetic batches drawn from the table specs, batch
+topology.batch_size_per_rank per rank, and a table shows, per rank and phase, the predicted
+time and the measured time of the rank (CPU time on cpu, wall time after synchronizing on
+cuda; see embshard.calibrate.measure), then the totals, the wall-clock step time and how
+well the ranks' order matches.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from embshard.calibrate.device import BACKENDS, local_ranks_available, resolve_device
 from embshard.calibrate.measure import PHASES, PlanMeasurement, measure_plans
 from embshard.planner.plan import ShardingPlan
 
@@ -24,11 +27,17 @@ MAX_LOCAL_RANKS = 16
 
 
 def check_runnable(plan: ShardingPlan) -> None:
-    """ValueError unless the plan can run on this machine's local ranks."""
-    W = plan.topology.world_size
+    """ValueError unless the plan can run on this machine's local ranks (on its topology's device)."""
+    W, device = plan.topology.world_size, plan.topology.device
     if W > MAX_LOCAL_RANKS:
         raise ValueError(f"measure: the plan has {W} ranks; measuring runs every rank as a local process "
                          f"(at most {MAX_LOCAL_RANKS}); plan for fewer ranks, e.g. topology.world_size=4")
+    resolve_device(device, "measure: topology.device", "measure here with a cpu topology (topology=cpu, or topology.device=cpu)")
+    if not local_ranks_available(device, W):
+        raise ValueError(f"measure: the plan has {W} cuda ranks but this machine has fewer GPUs (nccl runs one rank per GPU); "
+                         f"plan for fewer ranks, e.g. topology.world_size=1 topology.local_world_size=1")
+    if device == "cuda":
+        return  # GPU memory: the planner's hbm_gib per rank is the check
     need = sum(r.storage.total_bytes for r in plan.ranks)
     avail = _available_bytes()
     if avail is not None and need > 0.7 * avail:
@@ -57,7 +66,8 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 def comparison_table(plan: ShardingPlan, measured: PlanMeasurement) -> Table:
     """Per rank and phase: the plan's predicted ms (its evaluate() report) / measured CPU ms."""
-    table = Table(title=f"predicted / measured ms per rank and phase (measured: CPU time of the rank, median of {measured.steps} steps)")
+    what = "wall time after cuda synchronize" if plan.topology.device == "cuda" else "CPU time"
+    table = Table(title=f"predicted / measured ms per rank and phase (measured: {what} of the rank, median of {measured.steps} steps)")
     table.add_column("rank", justify="right")
     for p in PHASES:
         table.add_column(SHORT[p], justify="right")
@@ -76,7 +86,8 @@ def summary_lines(plan: ShardingPlan, measured: PlanMeasurement) -> list[str]:
     worst_p, worst_m = max(range(len(pred)), key=pred.__getitem__), max(range(len(meas)), key=meas.__getitem__)
     errors = sorted(abs(p - m) / m for p, m in zip(pred, meas))
     return [
-        f"slowest rank: predicted {max(pred):.2f} ms (rank {worst_p}), measured {max(meas):.2f} ms CPU (rank {worst_m}); "
+        f"slowest rank: predicted {max(pred):.2f} ms (rank {worst_p}), measured {max(meas):.2f} ms "
+        f"{'wall' if plan.topology.device == 'cuda' else 'CPU'} (rank {worst_m}); "
         f"median |error| over ranks {errors[len(errors) // 2]:.1%}; rank-order Spearman {spearman(pred, meas):.2f}",
         f"wall clock: {measured.step_wall_ms:.1f} ms per step with all {len(meas)} ranks on {os.cpu_count()} cores "
         f"(load average {os.getloadavg()[0]:.1f}); wall time also counts waiting for peers and sharing cores",
@@ -86,9 +97,10 @@ def summary_lines(plan: ShardingPlan, measured: PlanMeasurement) -> list[str]:
 def measure_report(plan: ShardingPlan, steps: int, console: Console, warmup: int = 3, timeout_s: float = 1800) -> PlanMeasurement:
     """Run the plan on local ranks and print predicted vs measured per rank and phase."""
     check_runnable(plan)
-    console.print(f"measuring: {plan.topology.world_size} local gloo ranks, {warmup} warm-up + {steps} steps, "
+    device = plan.topology.device
+    console.print(f"measuring: {plan.topology.world_size} local {BACKENDS[device]} ranks on {device}, {warmup} warm-up + {steps} steps, "
                   f"batch {plan.topology.batch_size_per_rank} per rank", markup=False, highlight=False)
-    measured = measure_plans([plan], steps=steps, warmup=warmup, timeout_s=timeout_s)[0]
+    measured = measure_plans([plan], steps=steps, warmup=warmup, timeout_s=timeout_s, device=device)[0]
     console.print(comparison_table(plan, measured))
     for line in summary_lines(plan, measured):
         console.print(line, markup=False, highlight=False)

@@ -1,4 +1,5 @@
-"""One local gloo rank of a measurement job (spawned by embshard.calibrate.measure.run_ranks).
+"""One local rank of a measurement job (spawned by embshard.calibrate.measure.run_ranks):
+gloo on CPU, or nccl on GPU ``RANK`` for a job with ``"device": "cuda"``.
 
     python -m embshard.calibrate.worker JOB.json RANK WORLD_SIZE PORT OUT.json
 
@@ -22,11 +23,16 @@ def main(argv: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
+    from embshard.calibrate.device import backend_of
+
+    job = json.loads(Path(job_path).read_text())
+    device = job.get("device", "cpu")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    if device == "cuda":
+        torch.cuda.set_device(rank)  # local ranks: one GPU each
+    dist.init_process_group(backend_of(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
-    job = json.loads(Path(job_path).read_text())
     if job["kind"] == "plans":
         from embshard.calibrate.measure import run_plan_in_rank
         from embshard.planner.plan import ShardingPlan
@@ -34,7 +40,7 @@ def main(argv: list[str]) -> None:
         results = []
         for raw in job["plans"]:
             plan = ShardingPlan.from_dict(raw)
-            results.append(run_plan_in_rank(plan, pg, job["steps"], job["warmup"], job.get("seed", 0)))
+            results.append(run_plan_in_rank(plan, pg, job["steps"], job["warmup"], job.get("seed", 0), device=device))
             gc.collect()
         result = {"plans": results}
     elif job["kind"] == "collectives":
