@@ -191,10 +191,10 @@ def markdown(rows: list[dict], args, run_dir: Path) -> str:
         "# embshard-serve under load (loopback)", "",
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: AMD EPYC, 2 cores shared with other work "
         f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo. "
-        f"Command: `.venv/bin/python benchmarks/serve_load.py {' '.join(sys.argv[1:])}`.", "",
+        f"Command: `{' '.join(['.venv/bin/python benchmarks/serve_load.py', *sys.argv[1:]])}`.", "",
         f"Model: DLRM trained by `embshard-train {' '.join(TRAIN_ARGS)}` (tables=criteo_small: 26 tables up to "
-        f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export`; the 2-rank ones planned for "
-        f"hbm_gib={args.hbm_gib:g} per rank, so the tables must be split between the ranks. Each request: "
+        f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export` with its defaults (16 GiB per rank): the "
+        "planner places the tables (embedding MiB per rank shows what it chose). Each request: "
         f"{args.samples_per_request} samples of the synthetic eval split. Closed loops of C clients, "
         f"{args.duration_s:g} s each after 1 s of warm-up, {args.repeats} rounds alternating over all five servers "
         "(all up at once); medians. Server defaults (batching.max_batch_size=256, max_wait_ms=2). The load generator "
@@ -224,8 +224,6 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="an embshard-train out_dir (default: train one)")
     parser.add_argument("--duration-s", type=float, default=4.0, help="per measurement, after 1 s of warm-up")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds over the servers (medians)")
-    parser.add_argument("--hbm-gib", type=float, default=0.04,
-                        help="memory per rank the 2-rank artifacts are planned for (small: the tables must be sharded)")
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--samples-per-request", type=int, default=4)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.md")
@@ -254,8 +252,7 @@ def main() -> None:
                 servers[name] = (server, [server.proc.pid])
                 continue
             artifact = tmp / f"artifact_{dtype}_w{world}"
-            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}", f"dtype={dtype}",
-                     f"hbm_gib={args.hbm_gib if world > 1 else 16}"])
+            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}", f"dtype={dtype}"])
             server = ServeProcess.start([f"artifact={artifact}", f"launcher.nproc={world}"], tmp / name.replace(" ", "_"))
             servers[name] = (server, [server.proc.pid, *server.rank_pids()])
         runs: dict[tuple[str, int], list[dict]] = {}

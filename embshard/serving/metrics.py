@@ -53,7 +53,8 @@ class ServingMetrics:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "requests": requests,
             "latency_ms": {e: _summary(v) for e, v in sorted(self.latency_ms.items())},
-            "batches": {kind: {"count": self.num_batches[kind], "samples": self.num_samples[kind], "size": _summary(sizes), "histogram": _histogram(sizes)}
+            "batches": {kind: {"count": self.num_batches[kind], "samples": self.num_samples[kind],
+                               "size": _summary(sizes), "histogram": _histogram(sizes)}
                         for kind, sizes in sorted(self.batch_sizes.items())},
             "queue_depth": dict(self.queue_depth()),
             "memory_bytes_per_rank": [dict(m) for m in self.memory_per_rank],

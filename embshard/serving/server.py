@@ -71,7 +71,8 @@ def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, 
         except web.HTTPException as e:  # aiohttp's own (404, 405, 413 body too large)
             response = _error(e.status, e.reason if e.status != 413 else
                               f"body: larger than max_body_bytes={config.max_body_bytes}; split the request")
-        metrics.record_request(request.path if request.path in ENDPOINTS else "other", response.status, (time.perf_counter() - start) * 1000)
+        endpoint = request.path if request.path in ENDPOINTS else "other"
+        metrics.record_request(endpoint, response.status, (time.perf_counter() - start) * 1000)
         return response
 
     app = web.Application(middlewares=[measure], client_max_size=config.max_body_bytes)
