@@ -23,7 +23,8 @@ this rank holds.
 Serving: with ``optimizer=None`` a collection is forward-only. The same routing, input and
 output dist run around FBGEMM's inference kernel (`embshard.runtime.quantized.QuantKernel`),
 one per weight dtype (fp32, fp16, row-wise int8: each table's spec dtype); the blocks start
-empty and load with `load_quantized`. Such a collection has no training state.
+empty and load with `load_quantized`. Data-parallel replicas look up only this rank's own
+samples (no gradient to agree on: nothing travels). Such a collection has no training state.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ class _ShardedCollection(nn.Module):
         """Validate, agree on batch sizes, then ship ids to shards and to every replica."""
         batch, batch_sizes = self._prepare(features)
         received = self.input_dist(batch, batch_sizes) if self.sharded else None
-        replicated = self.replica_dist(batch, batch_sizes) if self.replica_dist else None
+        replicated = None
+        if self.replica_dist:
+            replicated = self.replica_dist.local(batch) if self.inference else self.replica_dist(batch, batch_sizes)
         return batch, batch_sizes, received, replicated
 
     def _distribute_and_look_up(self, features: KeyedJaggedTensor):
@@ -238,9 +241,9 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             replica_rows = None
-            if replica_outs:  # every replica computed every rank's rows; keep this rank's
+            if replica_outs:  # training: every replica computed every rank's rows; keep this rank's
                 full = replica_outs[0] if len(replica_outs) == 1 else torch.cat(replica_outs, dim=1)
-                replica_rows = local_part(full, batch_sizes, self.pg)
+                replica_rows = full if self.inference else local_part(full, batch_sizes, self.pg)
             values = self.output_dist(outs, replica_rows, batch, batch_sizes)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
@@ -260,9 +263,10 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
             replica_rows = None
-            if replica_outs:  # every replica computed every rank's rows; keep this rank's
+            if replica_outs:  # training: every replica computed every rank's rows; keep this rank's
                 per_source = replicated.floats_per_source_kernel
-                replica_rows = local_part(by_source(replica_outs, per_source), [sum(c) for c in per_source], self.pg)
+                rows = by_source(replica_outs, per_source)
+                replica_rows = rows if self.inference else local_part(rows, [sum(c) for c in per_source], self.pg)
             return self._per_feature(flat, replica_rows, batch)
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:

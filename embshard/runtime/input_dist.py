@@ -7,6 +7,9 @@ same message, bit-packed next to the ids). Pooled kernels see their slots
 feature-major, each with the bags of all ranks in rank order (B_global = sum of batch
 sizes). Sequence kernels see each slot's ids (one per bag) grouped by source rank, and
 give their rows back grouped by source rank (see lookup.py), ready for the way back.
+
+`InputDist.local` serves forward-only data-parallel replicas: each rank looks its own
+samples up in its replica, so the kernels get this rank's ids alone and nothing travels.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ class KernelInput:
 @dataclass(frozen=True)
 class Received:
     inputs: tuple[KernelInput, ...]  # one per local sharded kernel
-    send: SendBuffers
-    sent_ids_per_slot: Tensor  # [Q] ids this rank sent in each slot
+    send: SendBuffers | None  # None: local lookups (nothing sent)
+    sent_ids_per_slot: Tensor | None  # [Q] ids this rank sent in each slot
     floats_per_source_kernel: tuple[tuple[int, ...], ...]  # sequence: [source rank][kernel] output floats
 
 
@@ -59,6 +62,9 @@ class InputDist:
         S, W = self.num_local_slots, routing.world_size
         # (source rank, slot) segments in (slot, source rank) order, for sequence kernels
         self.slot_major = torch.tensor([r * S + s for s in range(S) for r in range(W)], dtype=torch.int32, device=device)
+        # local lookups: this rank's features in the order of its own slots
+        self.local_features = torch.tensor([s.feature for s in routing.slots_by_rank[routing.rank]], dtype=torch.int32,
+                                           device=device)
 
     def __call__(self, batch: Batch, batch_sizes: tuple[int, ...]) -> Received:
         r, W = self.routing, self.routing.world_size
@@ -80,6 +86,17 @@ class InputDist:
             return Received(inputs, send, sent_per_slot, ())
         inputs, per_source_kernel = self._sequence_inputs(lengths, values, batch_sizes)
         return Received(inputs, send, sent_per_slot, per_source_kernel)
+
+    def local(self, batch: Batch) -> Received:
+        """This rank's own ids for its kernels (as if it were the only rank): no collective."""
+        B = batch.batch_size
+        lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
+            self.local_features, batch.lengths_FB.view(len(self.routing.features), B), batch.values_N, batch.weights_N)
+        lengths = lengths.reshape(-1)
+        if self.routing.pooled:
+            return Received(self._pooled_inputs(lengths, values, weights, (B,)), None, None, ())
+        inputs, per_source_kernel = self._sequence_inputs(lengths, values, (B,))
+        return Received(inputs, None, None, per_source_kernel)
 
     def _pooled_inputs(self, lengths: Tensor, values: Tensor, weights: Tensor | None, batch_sizes: tuple[int, ...]) -> tuple[KernelInput, ...]:
         kernels = self.routing.kernels
@@ -105,7 +122,10 @@ class InputDist:
         # Ids per (source rank, slot) segment: source r's block holds S x B_r bags.
         starts = [sum(S * b for b in batch_sizes[:r]) + s * batch_sizes[r] for r in range(W) for s in range(S)]
         counts_RS = _cumsum0(lengths)[torch.tensor(starts + [S * sum(batch_sizes)], device=self.device)].diff()
-        counts_SR, values_SR, _ = torch.ops.fbgemm.permute_1D_sparse_data(self.slot_major, counts_RS, values, None)
+        if W == 1:  # one source: already slot-major
+            counts_SR, values_SR = counts_RS, values
+        else:
+            counts_SR, values_SR, _ = torch.ops.fbgemm.permute_1D_sparse_data(self.slot_major, counts_RS, values, None)
         counts = counts_SR.view(S, W).tolist()
         inputs, floats_RK, start = [], [[0] * len(kernels) for _ in range(W)], 0
         for j, k in enumerate(kernels):

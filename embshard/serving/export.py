@@ -32,7 +32,7 @@ from embshard import planner
 from embshard.data.batch import NUM_DENSE
 from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
-from embshard.planner.types import ShardingType
+from embshard.planner.types import Constraints, ShardingType
 from embshard.runtime.lookup import TORCH_DTYPE
 from embshard.serving.artifact import (DENSE_FILE, MODEL_FILE, PLAN_FILE, ModelInfo, block_tensors, model_config,
                                        rank_file, write_manifest)
@@ -58,6 +58,8 @@ class ExportSettings:
     batch_size_per_rank: int = 512  # serving batch per rank the planner costs
     time_budget_s: float = 2.0  # planner search time
     overwrite: bool = False  # replace an existing artifact at ``out``
+    # {tables: {NAME: {sharding_types: [...], ranks: [...]}}, keep_together: [[A, B]]}, as embshard-plan takes them
+    constraints: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("world_size", "batch_size_per_rank"):
@@ -141,9 +143,10 @@ def serving_plan(run: TrainingRun, settings: ExportSettings) -> ShardingPlan:
     topology = Topology.from_dict({**run.topology, "world_size": settings.world_size,
                                    "local_world_size": settings.world_size, "hbm_gib": settings.hbm_gib,
                                    "batch_size_per_rank": settings.batch_size_per_rank,
-                                   # the runtime looks data-parallel tables up as replicas of the global batch
-                                   "replicated_dp_lookup": True}, "serving topology")
-    return planner.plan(specs, topology, time_budget_s=settings.time_budget_s, inference=True)
+                                   # serving replicas look up their own rank's samples only
+                                   "replicated_dp_lookup": False}, "serving topology")
+    constraints = Constraints.from_dict(settings.constraints, [s.name for s in specs], settings.world_size)
+    return planner.plan(specs, topology, constraints, time_budget_s=settings.time_budget_s, inference=True)
 
 
 def export(settings: ExportSettings) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -36,6 +36,7 @@ class ExportConfig:
     batch_size_per_rank: int = 512
     time_budget_s: float = 2.0
     overwrite: bool = False
+    constraints: Dict[str, Any] = field(default_factory=dict)  # checked by Constraints.from_dict, which names the key
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)

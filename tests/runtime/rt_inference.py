@@ -3,7 +3,8 @@
 Each case quantizes every block of a plan (tables in fp32, fp16 and int8 side by side),
 loads this rank's blocks with `load_quantized`, and compares the forward output on its
 slice with TorchRec's unsharded collection holding the dequantized blocks, fed the global
-batch: every sharding type, pooled (sum, mean, weighted) and sequence.
+batch: every sharding type, pooled (sum, mean, weighted) and sequence, and collections of
+data-parallel tables only (looked up locally: no all-to-all at all).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def cases(world_size: int) -> dict:
                                                             ST.TABLE_WISE])),
         "sequence-b": (sequence, make_plan(sequence, topo, [ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE,
                                                             ST.DATA_PARALLEL])),
+        "pooled-replicas": (pooled, make_plan(pooled, topo, [ST.DATA_PARALLEL] * len(pooled))),
+        "sequence-replicas": (sequence, make_plan(sequence, topo, [ST.DATA_PARALLEL] * len(sequence))),
     }
     out = {}
     for name, (specs, plan) in plans.items():

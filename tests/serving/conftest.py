@@ -5,7 +5,8 @@ synthetic set with SERVING_TABLES (pooled tables, one of them with bags of ~3 id
 user-history feature (sequence table ``item``); returns its out_dir (config.yaml, plan.json,
 checkpoints/step_000200). `artifact(dtype, world_size)`: that run exported as embshard-export
 does it (`embshard.serving.export.export`, in this process: no start-up cost; test_export.py
-runs the command line), cached per argument pair; returns the artifact folder.
+runs the command line), cached per argument pair; returns the artifact folder. Two-rank
+artifacts are laid out by LAYOUT: row-wise, table-wise, column-wise and data-parallel tables.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ TRAIN_ARGS = ["tables=serving_tiny", "model.bottom_mlp=[16,8]", "model.top_mlp=[
               "data.signal=3", "launcher.nproc=2", "launcher.collective_timeout_s=60", "steps=200",
               "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_batches=4"]
 TIMEOUT_S = 300
+# The 2-rank artifacts' layout: every way a table travels (the planner alone would replicate these small tables).
+LAYOUT = {"tables": {"t0": {"sharding_types": ["row_wise"]}, "t1": {"sharding_types": ["table_wise"], "ranks": [1]},
+                     "t2": {"sharding_types": ["column_wise"]}, "t3": {"sharding_types": ["data_parallel"]},
+                     "item": {"sharding_types": ["row_wise"]}}}
 
 
 def run_cli(args: list[str], timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -60,7 +65,7 @@ def artifact(trained_run, tmp_path_factory) -> Callable[[str, int], Path]:
 
             out = tmp_path_factory.mktemp(f"artifact_{dtype}_w{world_size}") / "artifact"
             cache[(dtype, world_size)] = export(ExportSettings(checkpoint=trained_run, out=out, world_size=world_size,
-                                                               dtype=dtype))
+                                                               dtype=dtype, constraints=LAYOUT if world_size == 2 else {}))
         return cache[(dtype, world_size)]
 
     return make

@@ -128,7 +128,9 @@ def table_rows(served: dict, dtype: str, feature: str) -> torch.Tensor:
     return rows
 
 
-def test_fp32_predictions_equal_the_trained_model(served, reference):
+def test_fp32_predictions_equal_the_trained_model(served, reference, artifact):
+    plan = json.loads((artifact("fp32", WORLD_SIZE) / "plan.json").read_text())
+    assert {t["sharding_type"] for t in plan["tables"]} == {"row_wise", "table_wise", "column_wise", "data_parallel"}
     got, want = scores(served, "fp32"), reference["scores"]
     assert got.shape == (NUM_SAMPLES,)
     assert rank_cuts(NUM_SAMPLES, WORLD_SIZE) == [0, int(NUM_SAMPLES * 0.6), NUM_SAMPLES]
