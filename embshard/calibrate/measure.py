@@ -166,12 +166,8 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
         def timed(*args, **kwargs):
             if not clock.in_lookup_bwd:
                 return fn(*args, **kwargs)
-            c0, w0 = clock.read()
-            try:
+            with clock.phase("dp_allreduce_ms"):
                 return fn(*args, **kwargs)
-            finally:
-                c1, w1 = clock.read()
-                clock.add("dp_allreduce_ms", c1 - c0, w1 - w0)
         return timed
 
     for n, fn in originals.items():
@@ -218,10 +214,8 @@ def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int 
             roots.extend([out.values()] if hasattr(out, "length_per_key") else [jt.values() for jt in out.values()])
         instrument_backward(roots, clock)
         grads = [torch.ones_like(r) for r in roots]
-        c0, w0 = clock.read()
-        torch.autograd.backward(roots, grads)
-        c1, w1 = clock.read()
-        clock.add("backward", c1 - c0, w1 - w0)
+        with clock.phase("backward"):
+            torch.autograd.backward(roots, grads)
 
     with timed_replica_sync(clock):
         for i in range(warmup):
