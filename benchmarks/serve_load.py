@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -119,6 +120,12 @@ def start_reference(run_dir: Path, folder: Path) -> ServeProcess:
     return ServeProcess(proc, log_path, int(port_file.read_text()))
 
 
+def split_hbm_gib(specs, dtype: str, fraction: float) -> float:
+    """Memory per rank (GiB; the planner keeps 10% of it for dense) for ``fraction`` of the tables' bytes in ``dtype``."""
+    table_bytes = sum(s.num_embeddings * replace(s, dtype=dtype).row_bytes(s.embedding_dim) for s in specs)
+    return round(fraction * table_bytes / 0.9 / 2**30, 4)
+
+
 def cpu_s(pids: list[int]) -> float:
     """User + system CPU seconds of these processes so far."""
     total = 0
@@ -193,9 +200,11 @@ def markdown(rows: list[dict], args, run_dir: Path) -> str:
         f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo. "
         f"Command: `{' '.join(['.venv/bin/python benchmarks/serve_load.py', *sys.argv[1:]])}`.", "",
         f"Model: DLRM trained by `embshard-train {' '.join(TRAIN_ARGS)}` (tables=criteo_small: 26 tables up to "
-        f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export` with its defaults (16 GiB per rank): the "
-        "planner places the tables (embedding MiB per rank shows what it chose). Each request: "
-        f"{args.samples_per_request} samples of the synthetic eval split. Closed loops of C clients, "
+        f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export`; "
+        + (f"the 2-rank ones planned for {args.split_fraction:g} of the tables' bytes per rank (`hbm_gib`), so the "
+           "tables must be split between the ranks." if args.split_fraction > 0 else
+           "defaults (16 GiB per rank): the planner places the tables (embedding MiB per rank shows what it chose).") +
+        f" Each request: {args.samples_per_request} samples of the synthetic eval split. Closed loops of C clients, "
         f"{args.duration_s:g} s each after 1 s of warm-up, {args.repeats} rounds alternating over all five servers "
         "(all up at once); medians. Server defaults (batching.max_batch_size=256, max_wait_ms=2). The load generator "
         "shares the 2 cores with the servers.", "",
@@ -224,6 +233,9 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="an embshard-train out_dir (default: train one)")
     parser.add_argument("--duration-s", type=float, default=4.0, help="per measurement, after 1 s of warm-up")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds over the servers (medians)")
+    parser.add_argument("--split-fraction", type=float, default=0.75,
+                        help="2-rank artifacts are planned for this fraction of the tables' bytes per rank (< 1: split); "
+                             "0: export defaults (16 GiB per rank, the planner may replicate)")
     parser.add_argument("--max-requests", type=int, default=20_000)
     parser.add_argument("--samples-per-request", type=int, default=4)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.md")
@@ -252,7 +264,10 @@ def main() -> None:
                 servers[name] = (server, [server.proc.pid])
                 continue
             artifact = tmp / f"artifact_{dtype}_w{world}"
-            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}", f"dtype={dtype}"])
+            memory = [f"hbm_gib={split_hbm_gib(run.specs, dtype, args.split_fraction)}"] \
+                if world > 1 and args.split_fraction > 0 else []
+            run_cli(["embshard-export", f"checkpoint={run_dir}", f"out={artifact}", f"world_size={world}", f"dtype={dtype}",
+                     *memory])
             server = ServeProcess.start([f"artifact={artifact}", f"launcher.nproc={world}"], tmp / name.replace(" ", "_"))
             servers[name] = (server, [server.proc.pid, *server.rank_pids()])
         runs: dict[tuple[str, int], list[dict]] = {}
