@@ -221,7 +221,7 @@ def check_memory(problem: Problem) -> None:
             f"infeasible: {len(too_big)} table(s) cannot fit a rank's {cap / GIB:.2f} GiB shard budget "
             f"(hbm_gib={topo.hbm_gib:g} minus {topo.reserved_fraction:.0%} reserved and {problem.base_mem / GIB:.2f} GiB of output buffers): {'; '.join(too_big[:5])}"
             f"{' ...' if len(too_big) > 5 else ''}. Fix: raise topology.hbm_gib, add ranks, allow row_wise/column_wise "
-            f"for these tables, use dtype fp16, or a lighter optimizer (sgd/rowwise_adagrad)")
+            f"for these tables, use dtype fp16 (or int8 when serving), or a lighter optimizer (sgd/rowwise_adagrad)")
     W = topo.world_size
     total = sum(min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units)
     if total > W * cap:
@@ -230,8 +230,8 @@ def check_memory(problem: Problem) -> None:
         raise PlanInfeasibleError(
             f"infeasible: the tables need {total / GIB:.1f} GiB in all but {W} ranks x {cap / GIB:.2f} GiB = "
             f"{W * cap / GIB:.1f} GiB are available ({(total - W * cap) / GIB:.1f} GiB short; largest: "
-            f"{', '.join(u.name for u in biggest)}). Fix: topology.hbm_gib >= {need_gib:.1f}, more ranks, fp16 tables, "
-            f"or a lighter optimizer")
+            f"{', '.join(u.name for u in biggest)}). Fix: topology.hbm_gib >= {need_gib:.1f}, more ranks, fp16 tables "
+            f"(int8 when serving), or a lighter optimizer")
 
 
 def _fragmentation_message(problem: Problem, unit_index: int) -> str:
