@@ -79,11 +79,14 @@ def test_concurrent_requests_are_batched_and_answered_separately(server, referen
 
 
 def test_lookup_returns_the_checkpoint_rows(server, reference):
-    spec = reference["run"].specs[1]
-    feature, ids = spec.feature_names[0], [0, 5, spec.num_embeddings - 1, 5]
-    status, answer = run(post_json, f"{server.url}/lookup", {"feature": feature, "ids": ids})
-    assert status == 200, answer
-    assert torch.equal(torch.tensor(answer["embeddings"]), reference["tables"][spec.name][ids])
+    specs = reference["run"].specs
+    sequence = [s for s in specs if not s.pooled]
+    assert sequence, "the shared run has a user-history table"
+    for spec in (specs[1], sequence[0]):  # a pooled table and the sequence table
+        feature, ids = spec.feature_names[0], [0, 5, spec.num_embeddings - 1, 5]
+        status, answer = run(post_json, f"{server.url}/lookup", {"feature": feature, "ids": ids})
+        assert status == 200, answer
+        assert torch.equal(torch.tensor(answer["embeddings"]), reference["tables"][spec.name][ids]), feature
 
 
 def test_bad_requests_get_4xx_naming_the_field(server, reference):
