@@ -49,7 +49,7 @@ class BatchingConfig:
 class ExportOptions:
     """How ``checkpoint=`` is exported before serving (embshard-export's options of the same names)."""
 
-    out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact``, replaced at each start)
+    out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact`` for a run folder, replaced at each start)
     dtype: str = "fp32"  # every table's serving dtype: fp32 | fp16 | int8 ...
     table_dtypes: Dict[str, str] = field(default_factory=dict)  # ... except these (table -> dtype)
 
@@ -91,6 +91,9 @@ def settings_from_config(cfg: DictConfig) -> ServeSettings:
     if not path.is_dir():
         raise ValueError(f"{source}: {path} is not a folder; give the folder embshard-"
                          f"{'export' if source == 'artifact' else 'train'} wrote")
+    if s.checkpoint is not None and not s.export.out and not (s.checkpoint / "config.yaml").is_file():
+        raise ValueError(f"export.out: checkpoint={s.checkpoint} is not a run folder (no config.yaml), so the artifact "
+                         "has no default place; give export.out=DIR, or checkpoint= the run's out_dir")
     positive = {"server.max_request_samples": s.server.max_request_samples, "server.max_body_bytes":
                 s.server.max_body_bytes, "server.request_timeout_ms": s.server.request_timeout_ms,
                 "server.heartbeat_ms": s.server.heartbeat_ms, "batching.max_batch_size": s.batching.max_batch_size,

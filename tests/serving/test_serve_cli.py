@@ -48,6 +48,7 @@ def settings(*overrides: str):
     ((), "artifact / checkpoint: give exactly one"),
     (("artifact=/nonexistent/art",), "artifact: /nonexistent/art is not a folder"),
     (("artifact=.", "checkpoint=."), "artifact / checkpoint: give exactly one"),
+    (("checkpoint=.",), "export.out: checkpoint=. is not a run folder"),
     (("artifact=.", "server.port=70000"), "server.port: 70000"),
     (("artifact=.", "batching.max_batch_size=0"), "batching.max_batch_size: must be positive"),
     (("artifact=.", "server.heartbeat_ms=20000", "launcher.collective_timeout_s=30"), "server.heartbeat_ms"),
