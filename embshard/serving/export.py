@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from embshard import planner
 from embshard.data.batch import NUM_DENSE
+from embshard.fsutil import swap_in
 from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Constraints, ShardingType
@@ -166,13 +167,7 @@ def export(settings: ExportSettings) -> Path:
     try:
         _write(tmp, run, plan, settings)
         write_manifest(tmp, settings.world_size)
-        if out.exists():
-            old = parent / f"{TMP_PREFIX}old-{out.name}-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
+        swap_in(tmp, out, parent / f"{TMP_PREFIX}old-{out.name}-{os.getpid()}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

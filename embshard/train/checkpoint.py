@@ -39,6 +39,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from embshard.fsutil import swap_in
 from embshard.runtime.lookup import TORCH_DTYPE
 from embshard.runtime.optim import state_shapes
 from embshard.runtime.state import TableShard
@@ -102,13 +103,7 @@ def save(root: Path, step: int, parts: Parts, ctx: RankContext, info: dict[str, 
             "tables": [{k: getattr(s, k) for k in ("name", "num_embeddings", "embedding_dim", "optimizer", "dtype")}
                        for s in parts.specs],
             "dense": {n: list(p.shape) for n, p in parts.dense}, "dense_optimizer": parts.optimizer_name})
-        if final.exists():
-            old = root / f"{TMP_PREFIX}old-{name}"
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
+        swap_in(tmp, final, root / f"{TMP_PREFIX}old-{name}")
         for stale in sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())[:-keep_last]:
             shutil.rmtree(stale)
     barrier(ctx)
