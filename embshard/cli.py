@@ -40,6 +40,9 @@ def run_hydra_app(prog: str, hydra_main: Callable[[], None]) -> None:
     try:
         hydra_main()
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:  # includes unreadable config files
-        fail(prog, str(e).split("Config search path:")[0])  # the search path listing is noise here
+        message = str(e).split("Config search path:")[0]  # the search path listing is noise here
+        if e.__cause__ is not None:  # "Error merging override x=y" says what, its cause says why
+            message += ": " + str(e.__cause__).split("\n    full_key")[0]
+        fail(prog, message)
     finally:
         del os.environ["HYDRA_FULL_ERROR"]

@@ -18,28 +18,26 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
-import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from embshard import cli
 from embshard.train import config
 from embshard.train.launcher import launch, under_torchrun
 
-EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+PROG = "embshard-train"
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")  # the repository's (editable install)
 USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
 config.register()
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def fail(message: str, code: int = cli.EXIT_BAD_INPUT) -> NoReturn:
     """Exit with the message on one stderr line (Hydra's and torch's messages span several)."""
-    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(f"embshard-train: error: {one_line}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    cli.fail(PROG, message, code)
 
 
 def child_args() -> list[str]:
@@ -78,16 +76,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's tracebacks
-        hydra_main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its config errors; they end here as one line
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as e:
-        fail(str(e).split("Config search path:")[0])
-    finally:
-        os.environ.pop("HYDRA_FULL_ERROR", None)
+    cli.run_hydra_app(PROG, hydra_main)
 
 
 if __name__ == "__main__":
