@@ -68,8 +68,9 @@ class Topology:
     NVLink/IB); False: one after the other (their sum; gloo on CPU, where one core copies
     both ways). replicated_dp_lookup: data-parallel tables are looked up for the global batch
     on every replica, which receives every rank's ids and, in backward, every rank's pooled
-    gradients (embshard's runtime); False: each rank looks up its own samples and the
-    gradient of the whole table is all-reduced (TorchRec's DDP). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
+    gradients; False: each rank looks up its own samples and the gradient of the whole
+    table is all-reduced (TorchRec's DDP). embshard's runtime trains a plan's data-parallel
+    tables the way its topology says (`data_parallel_mode`), so the cost model prices what runs. The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
     per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
@@ -115,6 +116,11 @@ class Topology:
         for key, value in DEVICE_DEFAULTS.get(self.device, {}).items():
             if getattr(self, key) == 0.0:
                 object.__setattr__(self, key, value)
+
+    @property
+    def data_parallel_mode(self) -> str:
+        """How the runtime trains data-parallel tables of a plan made for this topology."""
+        return "replicated_lookup" if self.replicated_dp_lookup else "allreduce"
 
     @property
     def num_hosts(self) -> int:

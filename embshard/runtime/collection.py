@@ -10,11 +10,15 @@ optimizer updates every shard inside backward; nothing to call afterwards.
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
 gradient of the *mean* of the ranks' losses, i.e. the unsharded collection fed the
 concatenated global batch with gradients averaged over ranks -- what DDP does for dense
-parameters. Data-parallel tables get the same through a replicated look-up: every replica
-looks up the global batch (ids all-gathered in forward), keeps its own rows, and in backward
-gathers every rank's gradient of its rows, divides by the world size and applies the
-table's fused optimizer: the same update on every replica. This moves ids and pooled
-gradients instead of whole-table gradients; it costs world_size x the local lookups.
+parameters. Data-parallel tables get the same update on every replica in one of two ways
+(``data_parallel_mode``, by default the plan topology's): "allreduce" (dense_replicas.py): each rank looks up its
+own samples, and the weight gradients of all replicated blocks are all-reduced in one flat
+buffer and averaged before each table's optimizer runs (TorchRec's way; whole-table
+gradients travel). "replicated_lookup": every replica looks up the global batch (ids
+all-gathered in forward), keeps its own rows, and in backward gathers every rank's gradient
+of its rows, divides by the world size and applies the table's fused optimizer (ids and
+pooled gradients travel; it costs world_size x the local lookups). The cost model prices
+the second when ``topology.replicated_dp_lookup`` is set, else the first.
 
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table
@@ -41,6 +45,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from embshard.planner.plan import ShardingPlan
 from embshard.runtime.comm import gather_header, local_part
+from embshard.runtime.dense_replicas import DATA_PARALLEL_MODES, DenseReplicas
 from embshard.runtime.features import Batch, check_batch
 from embshard.runtime.input_dist import InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
@@ -56,8 +61,9 @@ from embshard.specs import TableSpec
 class _ShardedCollection(nn.Module):
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
                  pooling: Mapping[str, str], weighted: bool, optimizer: OptimizerConfig | None,
-                 device: torch.device | None, seed: int) -> None:
+                 device: torch.device | None, seed: int, data_parallel_mode: str | None) -> None:
         super().__init__()
+        data_parallel_mode = data_parallel_mode or plan.topology.data_parallel_mode
         self.pg, self.pooled, self.weighted, self.optimizer_config = pg, pooled, weighted, optimizer
         self.inference = optimizer is None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -70,13 +76,15 @@ class _ShardedCollection(nn.Module):
             bad = {n: m for n, m in pooling.items() if m not in POOLING_MODES or n not in {s.name for s in self.specs}}
             if bad:
                 raise ValueError(f"{self.where}: pooling {bad}: give known table names and modes from {POOLING_MODES}")
+            if data_parallel_mode not in DATA_PARALLEL_MODES:
+                raise ValueError(f"{self.where}: data_parallel_mode {data_parallel_mode!r}: give one of {DATA_PARALLEL_MODES}")
         except ValueError as e:
             error = str(e)
-        fingerprint = _fingerprint(self.specs, plan) if error is None else 0
+        fingerprint = _fingerprint(self.specs, plan, data_parallel_mode) if error is None else 0
         header = gather_header([fingerprint], error, pg, self.device)
         if len(set(header[:, 0].tolist())) != 1:
-            raise ValueError(f"{self.where}: ranks were given different plans or tables (fingerprints {header[:, 0].tolist()}); "
-                             "load the same plan file on every rank")
+            raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
+                             f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device), self.inference)
         replicas = self.routing.replicas
@@ -86,6 +94,10 @@ class _ShardedCollection(nn.Module):
         self.replica_dist = InputDist(replicas, pg, self.device) if replicas else None
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
+        # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
+        self.dense_replicas = DenseReplicas(self.replica_kernels, replicas.kernels, pooled, optimizer, pg) \
+            if replicas and not self.inference and data_parallel_mode == "allreduce" else None
+        self.local_replicas = self.inference or self.dense_replicas is not None
         if self.inference:
             return
         for table, (kernel, i, slot) in self._blocks().items():
@@ -130,7 +142,7 @@ class _ShardedCollection(nn.Module):
         received = self.input_dist(batch, batch_sizes) if self.sharded else None
         replicated = None
         if self.replica_dist:
-            replicated = self.replica_dist.local(batch) if self.inference else self.replica_dist(batch, batch_sizes)
+            replicated = self.replica_dist.local(batch) if self.local_replicas else self.replica_dist(batch, batch_sizes)
         return batch, batch_sizes, received, replicated
 
     def _distribute_and_look_up(self, features: KeyedJaggedTensor):
@@ -140,7 +152,7 @@ class _ShardedCollection(nn.Module):
             batch, batch_sizes, received, replicated = self._distribute(features)
         with self._phase("lookup"):
             outs = self._look_up(self.kernels, received)
-            replica_outs = self._look_up(self.replica_kernels, replicated)
+            replica_outs = self.dense_replicas(replicated) if self.dense_replicas else self._look_up(self.replica_kernels, replicated)
         return batch, batch_sizes, received, replicated, outs, replica_outs
 
     @staticmethod
@@ -170,6 +182,8 @@ class _ShardedCollection(nn.Module):
         """Learning rate of every fused optimizer of this collection, from the next backward on."""
         for kernel in [*self.kernels, *self.replica_kernels]:
             kernel.set_learning_rate(learning_rate)
+        if self.dense_replicas:
+            self.dense_replicas.learning_rate = learning_rate
 
     def _shards(self, copy: bool) -> dict[str, TableShard]:
         """This rank's blocks; ``copy=False`` gives views of the live weights and state."""
@@ -225,14 +239,16 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
     weights (TorchRec's ``is_weighted``). optimizer: fused optimizer settings; each
     table's optimizer kind comes from its spec; None: forward-only serving kernels (see the
     module docstring). seed: initial weights (`load_tables` or `load_state_dict` replace them).
+    data_parallel_mode: how data-parallel tables train, "allreduce" or "replicated_lookup" (module docstring);
+    None: as the plan's topology says (`Topology.data_parallel_mode`, the mode the cost model priced).
     """
 
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
                  pooling: Mapping[str, str] | None = None, weighted: bool = False,
                  optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
-                         device=device, seed=seed)
+                         device=device, seed=seed, data_parallel_mode=data_parallel_mode)
         self.output_dist = PooledOutputDist(self.routing, pg, self.device)
         self._keys = list(self.routing.feature_names)
         self._dims = [f.dim for f in self.routing.features]
@@ -241,9 +257,9 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             replica_rows = None
-            if replica_outs:  # training: every replica computed every rank's rows; keep this rank's
+            if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
                 full = replica_outs[0] if len(replica_outs) == 1 else torch.cat(replica_outs, dim=1)
-                replica_rows = full if self.inference else local_part(full, batch_sizes, self.pg)
+                replica_rows = full if self.local_replicas else local_part(full, batch_sizes, self.pg)
             values = self.output_dist(outs, replica_rows, batch, batch_sizes)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
@@ -253,9 +269,9 @@ class ShardedEmbeddingCollection(_ShardedCollection):
 
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
                  optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=False, pooling={}, weighted=False, optimizer=optimizer,
-                         device=device, seed=seed)
+                         device=device, seed=seed, data_parallel_mode=data_parallel_mode)
         self.output_dist = SequenceOutputDist(self.routing, pg, self.device)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
@@ -263,10 +279,10 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
             replica_rows = None
-            if replica_outs:  # training: every replica computed every rank's rows; keep this rank's
+            if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
                 per_source = replicated.floats_per_source_kernel
                 rows = by_source(replica_outs, per_source)
-                replica_rows = rows if self.inference else local_part(rows, [sum(c) for c in per_source], self.pg)
+                replica_rows = rows if self.local_replicas else local_part(rows, [sum(c) for c in per_source], self.pg)
             return self._per_feature(flat, replica_rows, batch)
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
@@ -287,7 +303,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
                 for i, f in enumerate(r.features)}
 
 
-def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan) -> int:
-    """63-bit hash of the tables and their placements: ranks compare it before the first step."""
-    text = repr([(s, plan.placement(s.name)) for s in specs])
+def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, data_parallel_mode: str) -> int:
+    """63-bit hash of the tables, their placements and the data-parallel mode: ranks compare it before the first step."""
+    text = repr([data_parallel_mode, *((s, plan.placement(s.name)) for s in specs)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1

@@ -104,6 +104,11 @@ class FbgemmKernel(nn.Module):
     def set_learning_rate(self, learning_rate: float) -> None:
         self.tbe.set_learning_rate(learning_rate)
 
+    def count_update(self) -> int:
+        """Updates so far, this one included (adam's t), for an update applied outside backward:
+        the kernel's forward already counted it."""
+        return int(self.tbe.iter.item())
+
 
 class TorchKernel(nn.Module):
     """Same contract as `FbgemmKernel`, in torch ops, for blocks of one width."""
@@ -147,13 +152,18 @@ class TorchKernel(nn.Module):
     def set_learning_rate(self, learning_rate: float) -> None:
         self.learning_rate = learning_rate
 
+    def count_update(self) -> int:
+        """Count one update applied outside backward; returns the updates so far (adam's t)."""
+        self.step += 1
+        return int(self.step)
+
     def update(self, rows_N: Tensor, grad_ND: Tensor) -> None:
         """Sum the per-id gradients by row and apply the optimizer to those rows."""
         rows, inverse = torch.unique(rows_N, return_inverse=True)
         grad = grad_ND.new_zeros(rows.numel(), self.dim).index_add_(0, inverse, grad_ND)
-        self.step += 1
+        step = self.count_update()
         with torch.no_grad():
-            apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, int(self.step))
+            apply_update(self.optimizer, self.weight, self.state, rows, grad, self.config, self.learning_rate, step)
 
 
 class _TorchLookup(torch.autograd.Function):

@@ -113,12 +113,13 @@ def _column_blocks(plan: ShardingPlan) -> dict[str, list[tuple[int, int]]]:
 
 
 def make_collection(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, pooled: bool,
-                    weighted: bool = False, mean: bool = False):
+                    weighted: bool = False, mean: bool = False, data_parallel_mode: str | None = None):
     pooling = {t: "mean" for t in MEAN_TABLES} if mean else {}
     config = OptimizerConfig(learning_rate=LR)
     if pooled:
-        return ShardedEmbeddingBagCollection(specs, plan, pg, pooling=pooling, weighted=weighted, optimizer=config)
-    return ShardedEmbeddingCollection(specs, plan, pg, optimizer=config)
+        return ShardedEmbeddingBagCollection(specs, plan, pg, pooling=pooling, weighted=weighted, optimizer=config,
+                                             data_parallel_mode=data_parallel_mode)
+    return ShardedEmbeddingCollection(specs, plan, pg, optimizer=config, data_parallel_mode=data_parallel_mode)
 
 
 def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bool, weighted: bool = False, mean: bool = False):
@@ -127,11 +128,11 @@ def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bo
 
 
 def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
-          weighted: bool = False, mean: bool = False, seed: int = 0):
+          weighted: bool = False, mean: bool = False, seed: int = 0, data_parallel_mode: str | None = None):
     """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors)."""
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
     tables = full_tables(specs, seed)
-    sharded = make_collection(specs, plan, pg, pooled, weighted, mean)
+    sharded = make_collection(specs, plan, pg, pooled, weighted, mean, data_parallel_mode)
     sharded.load_tables(tables)
     ref = make_reference(specs, tables, pooled, weighted, mean)
     ref_opt = ReferenceOptimizer(specs, LR, column_blocks=_column_blocks(plan))
@@ -180,6 +181,14 @@ def compare_shards(sharded, ref, ref_opt: ReferenceOptimizer, specs: list[TableS
 
 def run_training(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, **kwargs) -> dict[str, float]:
     return train(specs, plan, pg, **kwargs)[3]
+
+
+def run_mode_of_topology(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup) -> dict[str, float]:
+    """Without data_parallel_mode the collection trains as its plan's topology says (replicated look-ups here)."""
+    sharded, _, _, errors = train(specs, plan, pg, pooled=True, mean=True, seed=13)
+    assert plan.topology.data_parallel_mode == "replicated_lookup"
+    errors["err_mode"] = float(sharded.dense_replicas is not None)
+    return errors
 
 
 def run_state_roundtrip(plan: ShardingPlan, other_plan: ShardingPlan, pg: dist.ProcessGroup) -> dict[str, float]:
@@ -281,6 +290,31 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
             kind = "pooled" if pooled else "sequence"
             cases[f"shared-kernels-{optimizer}-{kind}"] = (lambda pg, s=same, p=plan, pooled=pooled:
                                                            run_training(s, p, pg, pooled=pooled, mean=pooled, seed=9))
+    # The cases above train data-parallel tables "allreduce" (their topology's mode); these force each
+    # mode (per-table kernels above, several tables per kernel here) or take it from the topology.
+    replicated = dict(data_parallel_mode="replicated_lookup")
+    for pooled, specs, kind in ((True, POOLED, "pooled"), (False, SEQUENCE, "sequence")):
+        plan = make_plan(specs, topo, [ST.DATA_PARALLEL] * len(specs))
+        cases[f"data_parallel-{kind}-replicated_lookup"] = (lambda pg, s=specs, p=plan, pooled=pooled:
+                                                            run_training(s, p, pg, pooled=pooled, mean=pooled, **replicated))
+    dp_pooled = make_plan(POOLED, topo, [ST.DATA_PARALLEL] * len(POOLED))
+    cases["data_parallel-pooled-weighted-replicated_lookup"] = (lambda pg: run_training(
+        POOLED, dp_pooled, pg, pooled=True, weighted=True, seed=3, **replicated))
+    cases["mixed-pooled-replicated_lookup"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True,
+                                                                       seed=5, **replicated)
+    cases["mixed-sequence-replicated_lookup"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False,
+                                                                         seed=7, **replicated)
+    for mode in ("allreduce", "replicated_lookup"):
+        for optimizer, pooled, specs in (("rowwise_adagrad", True, POOLED), ("adam", False, SEQUENCE)):
+            same = [dataclasses.replace(s, optimizer=optimizer) for s in specs]
+            plan = make_plan(same, topo, [ST.DATA_PARALLEL] * len(same))
+            kind = "pooled" if pooled else "sequence"
+            cases[f"data_parallel-shared-kernels-{optimizer}-{kind}-{mode}"] = (
+                lambda pg, s=same, p=plan, pooled=pooled, m=mode:
+                run_training(s, p, pg, pooled=pooled, weighted=pooled, seed=11, data_parallel_mode=m))
+    replicated_topo = dataclasses.replace(topo, replicated_dp_lookup=True)
+    cases["data_parallel-mode-of-topology"] = lambda pg: run_mode_of_topology(
+        POOLED, make_plan(POOLED, replicated_topo, [ST.DATA_PARALLEL] * len(POOLED)), pg)
     all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
     cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
     return cases

@@ -31,9 +31,9 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
   in backward; data-parallel replicas run another kernel, with terms of their own (per id
-  forward; per byte of per-id gradients and per distinct row backward), or, where the
-  runtime replicates look-ups (``replicated_dp_lookup``), cost what a table-wise holder of the
-  global batch costs, on every rank (`replicated_lookup_perf`);
+  forward; per byte of per-id gradients and per distinct row backward), or, with
+  ``replicated_dp_lookup`` (the runtime then replicates look-ups: `Topology.data_parallel_mode`),
+  cost what a table-wise holder of the global batch costs, on every rank (`replicated_lookup_perf`);
 - routing, paid by the sender and by the receiver: per id and per bag length in input dist,
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
@@ -194,7 +194,9 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
-    """Time every rank spends on a replicated table: local lookup, dense update, all-reduce;
+    """Time every rank spends on a replicated table: local lookup, dense update, all-reduce (the
+    runtime's "allreduce" mode, embshard.runtime.dense_replicas; it all-reduces a collection's
+    replicated tables together, each table here pays the collective's fixed cost: an upper bound);
     or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf`."""
     if topo.replicated_dp_lookup:
         return replicated_lookup_perf(spec, topo)
@@ -227,7 +229,8 @@ def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
 
 
 def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
-    """A data-parallel table looked up for the global batch on every replica (embshard's runtime).
+    """A data-parallel table looked up for the global batch on every replica (the runtime's
+    "replicated_lookup" mode).
 
     Each rank sends its ids to every replica and receives everyone's; looks up and updates
     (fused) all G bags like a table-wise holder; keeps its own rows (no output all-to-all);
