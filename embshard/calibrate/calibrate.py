@@ -102,7 +102,9 @@ def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int,
     """Random runnable layouts of generated workloads (seeds from pcfg['seed'])."""
     from embshard.calibrate.synthetic import bench_tables, random_plan  # imports torch
 
-    topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size, device=device)
+    # replicated look-ups: the data-parallel mode the fit models (its profiles say replicated_dp_lookup)
+    topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size,
+                    device=device, replicated_dp_lookup=True)
     out = []
     for i in range(pcfg["num_plans"]):
         seed = pcfg["seed"] + 100 * world_size + i

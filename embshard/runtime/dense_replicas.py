@@ -38,50 +38,74 @@ class DenseReplicas:
     def __call__(self, received: Received) -> list[Tensor]:
         return list(_LocalLookup.apply(self.placeholder, self, received))
 
-    def per_id_rows_and_grads(self, spec: KernelSpec, x, grad: Tensor) -> list[tuple[int, Tensor, Tensor]]:
-        """(block index, row ids, per-id gradient [ids, width]) for each slot of one kernel."""
-        out = []
-        if self.pooled:
-            bags = grad.shape[0]
-            cuts = x.offsets[torch.arange(0, len(spec.slots) + 1, device=x.offsets.device) * bags].tolist()
-            col = 0
-            for t, slot in enumerate(spec.slots):
-                lengths = x.offsets[t * bags + 1:(t + 1) * bags + 1] - x.offsets[t * bags:(t + 1) * bags]
-                g = torch.repeat_interleave(grad[:, col:col + slot.num_cols], lengths, dim=0,
-                                            output_size=cuts[t + 1] - cuts[t])
-                if x.per_sample_weights is not None:
-                    g = g * x.per_sample_weights[cuts[t]:cuts[t + 1]].unsqueeze(1)
-                out.append((spec.slot_block[t], x.indices[cuts[t]:cuts[t + 1]], g))
-                col += slot.num_cols
-            return out
-        counts = [sum(c) for c in x.ids_per_feature_rank]
-        rows = grad.view(-1, spec.dim).split(counts)
-        return [(spec.slot_block[t], ids, g) for t, (ids, g) in enumerate(zip(x.indices.split(counts), rows))]
+    def per_id_grads(self, spec: KernelSpec, x, grad: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
+        """width -> (row of each id in the kernel's blocks of that width, stacked [N], its gradient [N, width])."""
+        widths = [b.num_cols for b in spec.blocks]
+        base = {}  # block -> first row in its width's stack
+        for b, w in enumerate(widths):
+            base[b] = sum(spec.blocks[c].num_rows for c in range(b) if widths[c] == w)
+        T, device = len(spec.slots), x.indices.device
+        slot_base = torch.tensor([base[b] for b in spec.slot_block], dtype=torch.int64, device=device)
+        slot_width = torch.tensor([s.num_cols for s in spec.slots], dtype=torch.int64, device=device)
+        if not self.pooled:  # one width; rows flat in [slot][id] order
+            counts = torch.tensor([sum(c) for c in x.ids_per_feature_rank], dtype=torch.int64, device=device)
+            slot_N = torch.repeat_interleave(torch.arange(T, device=device), counts, output_size=x.indices.numel())
+            return {spec.dim: (x.indices + slot_base.index_select(0, slot_N), grad.view(-1, spec.dim))}
+        B = grad.shape[0]
+        lengths = x.offsets[1:] - x.offsets[:-1]
+        bag_N = torch.repeat_interleave(torch.arange(T * B, device=device), lengths, output_size=x.indices.numel())
+        slot_N, sample_N = bag_N // B, bag_N % B
+        out = {}
+        for w in sorted(set(widths)):
+            slots = [t for t, s in enumerate(spec.slots) if s.num_cols == w]
+            position = torch.full((T,), -1, dtype=torch.int64, device=device)
+            position[slots] = torch.arange(len(slots), device=device)
+            if len(slots) == T:  # one width: every column, every id
+                grad_w, pick = grad, None
+            else:
+                starts = torch.cumsum(slot_width, 0) - slot_width
+                cols = torch.cat([torch.arange(int(starts[t]), int(starts[t]) + w, device=device) for t in slots])
+                grad_w, pick = grad.index_select(1, cols), (slot_width.index_select(0, slot_N) == w).nonzero().squeeze(1)
+            ids, slot_w, sample_w = (x.indices, slot_N, sample_N) if pick is None else \
+                (x.indices.index_select(0, pick), slot_N.index_select(0, pick), sample_N.index_select(0, pick))
+            g = grad_w.reshape(-1, w).index_select(0, sample_w * len(slots) + position.index_select(0, slot_w))
+            if x.per_sample_weights is not None:
+                psw = x.per_sample_weights if pick is None else x.per_sample_weights.index_select(0, pick)
+                g = g * psw.unsqueeze(1)
+            out[w] = (ids + slot_base.index_select(0, slot_w), g)
+        return out
 
     def update(self, inputs, grads: Sequence[Tensor]) -> None:
         """Dense gradients and id counts of every block -> one all-reduce -> each table's optimizer."""
-        parts: list[tuple[Tensor, Tensor]] = []  # (gradient [rows, width], ids per row [rows]) per block, kernel order
+        parts: list[tuple[Tensor, Tensor]] = []  # (gradient [rows, width], ids per row [rows]) per (kernel, width)
         for kernel, spec, x, grad in zip(self.kernels, self.specs, inputs, grads):
-            weights = kernel.block_weights()
-            blocks = [(torch.zeros(w.shape, device=w.device), torch.zeros(w.shape[0], device=w.device)) for w in weights]
-            for b, ids, g in self.per_id_rows_and_grads(spec, x, grad):
-                blocks[b][0].index_add_(0, ids, g.float())
-                blocks[b][1].index_add_(0, ids, torch.ones(ids.numel(), device=ids.device))
-            parts.extend(blocks)
+            per_width = self.per_id_grads(spec, x, grad)
+            for w, (rows, g) in sorted(per_width.items()):
+                num_rows = sum(b.num_rows for b in spec.blocks if b.num_cols == w)
+                parts.append((g.new_zeros(num_rows, w).index_add_(0, rows, g.float()),
+                              torch.bincount(rows, minlength=num_rows).to(g.dtype)))
         flat = torch.cat([t.reshape(-1) for part in parts for t in part])
         dist.all_reduce(flat, group=self.pg)
-        sizes = [t.numel() for part in parts for t in part]
-        reduced = iter(flat.split(sizes))
+        reduced = iter(flat.split([t.numel() for part in parts for t in part]))
         world = dist.get_world_size(self.pg)
         with torch.no_grad():
             for kernel, spec in zip(self.kernels, self.specs):
                 step = kernel.count_update()
-                for weight, state in zip(kernel.block_weights(), kernel.block_states()):
-                    grad, count = next(reduced).view(weight.shape), next(reduced)
+                weights, states = kernel.block_weights(), kernel.block_states()
+                for w in sorted({b.num_cols for b in spec.blocks}):
+                    blocks = [i for i, b in enumerate(spec.blocks) if b.num_cols == w]
+                    grad, count = next(reduced).view(-1, w), next(reduced)
                     rows = count.nonzero().squeeze(1)
-                    state = {k: v for k, v in state.items() if k != "step"}
+                    weight = torch.cat([weights[i] for i in blocks])
+                    state = {k: torch.cat([states[i][k] for i in blocks]) for k in states[blocks[0]] if k != "step"}
                     apply_update(spec.optimizer, weight, state, rows, grad.index_select(0, rows) / world, self.config,
                                  self.learning_rate, step)
+                    sizes = [spec.blocks[i].num_rows for i in blocks]
+                    for i, part in zip(blocks, weight.split(sizes)):
+                        weights[i].copy_(part)
+                    for k, stacked in state.items():
+                        for i, part in zip(blocks, stacked.split(sizes)):
+                            states[i][k].copy_(part)
 
 
 class _LocalLookup(torch.autograd.Function):
