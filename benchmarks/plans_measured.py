@@ -31,9 +31,7 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_accuracy import cpu_model, today, update_section  # noqa: E402
+from local_ranks import run_script_ranks  # noqa: E402
 
 from embshard.calibrate.measure import measure_rounds  # noqa: E402
 from embshard.planner import ShardingPlan, evaluate, manual_plan, plan  # noqa: E402
@@ -160,15 +159,8 @@ def measure_dmp(plans: list[ShardingPlan], steps: int, warmup: int) -> list[list
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup}))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, __file__, "--dmp-rank", str(r), str(port), str(job), str(Path(tmp) / f"r{r}.json")],
-                                  env=env) for r in range(W)]
-        codes = [p.wait(timeout=3600) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"DMP ranks failed: exit codes {codes}")
+        run_script_ranks(__file__, W, lambda r, port: ["--dmp-rank", str(r), str(port), str(job), str(Path(tmp) / f"r{r}.json")],
+                         timeout_s=3600)
         per_rank = [json.loads((Path(tmp) / f"r{r}.json").read_text()) for r in range(W)]
     return [[per_rank[r][i] for r in range(W)] for i in range(len(plans))]
 

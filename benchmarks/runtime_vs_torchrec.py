@@ -20,10 +20,8 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from embshard.interop.torchrec import to_torchrec_plan
+from local_ranks import run_script_ranks
 from embshard.planner import manual_plan
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
@@ -253,16 +252,9 @@ def main() -> None:
     if args.rank is not None:
         worker(args.rank, args.port, args.json, args.only)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--json", str(json_path),
-                               "--only", args.only], env=env) for r in range(WORLD_SIZE)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        sys.exit(f"a rank failed: exit codes {codes}")
+    run_script_ranks(__file__, WORLD_SIZE, lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
+                                                            str(json_path), "--only", args.only])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(markdown(json.loads(json_path.read_text())))
     print(Path(args.out).read_text())

@@ -23,9 +23,7 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from statistics import median
@@ -33,6 +31,7 @@ from statistics import median
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from local_ranks import run_script_ranks
 
 WORLD_SIZE, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
@@ -225,17 +224,11 @@ def main() -> None:
     if args.rank is not None:
         worker(args.rank, args.port, args.json, args.repeats)
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.out).with_suffix(".json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--json", str(json_path),
-                               "--repeats", str(args.repeats)], env=env) for r in range(WORLD_SIZE)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        sys.exit(f"a rank failed: exit codes {codes}")
+    run_script_ranks(__file__, WORLD_SIZE, lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
+                                                            str(json_path), "--repeats", str(args.repeats)],
+                     env={"PYTHONPATH": str(ROOT)})
     Path(args.out).write_text(markdown(json.loads(json_path.read_text())))
     print(Path(args.out).read_text())
 

@@ -212,7 +212,7 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         *where[1:],
         *([f"# {note}."] if note else []),
         *([] if data.get("plans") else ["# per-phase factors are 1: no multi-rank plan was measured."]),
-        f"# Fit (relative error of per-rank step time): "
+        "# Fit (relative error of per-rank step time): "
         + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
         f"# inter_host_gb_per_s is not measured on one host (0 = the {data.get('device', 'cpu')} default). See embshard/planner/cost/perf.py.",
     ]

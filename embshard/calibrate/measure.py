@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from typing import Any, Iterator, Sequence
 from embshard.calibrate.device import BACKENDS, clock_reader
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Perf
+from embshard.ports import free_port
 
 PHASES = ("input_dist_ms", "lookup_fwd_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "lookup_bwd_ms", "dp_allreduce_ms")
 # collection timer phase -> Perf field
@@ -259,12 +259,6 @@ def summarize_rank(raw: dict[str, Any]) -> RankMeasurement:
 
 
 # ---- spawning ranks -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(world_size: int, job: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:

@@ -136,7 +136,7 @@ class SequenceOutputDist:
 
     def __call__(self, kernel_outputs: list[Tensor], received: Received, batch: Batch) -> Tensor:
         """Returns the sharded features' embeddings, flat: feature f's rows [N_f, dim_f] one after another."""
-        r, W = self.routing, self.routing.world_size
+        W = self.routing.world_size
         per_source = received.floats_per_source_kernel
         if kernel_outputs:
             local = by_source(kernel_outputs, per_source)

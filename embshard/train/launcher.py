@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping
+
+from embshard.ports import free_port
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 EXIT_GRACE_S = 10.0  # beyond the collective timeout, for ranks to print their error and exit
@@ -34,12 +35,6 @@ class LauncherConfig:
 
 def under_torchrun() -> bool:
     return all(k in os.environ for k in RANK_ENV)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Terminated(Exception):

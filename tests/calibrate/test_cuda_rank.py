@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from embshard.calibrate.measure import free_port
+from embshard.ports import free_port
 from embshard.calibrate.synthetic import synthetic_batch
 from embshard.planner import manual_plan
 from embshard.runtime import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection

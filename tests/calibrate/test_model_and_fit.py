@@ -13,7 +13,7 @@ from embshard.calibrate.fit import TERMS, Sample, fit, unit_topology
 from embshard.calibrate.kernels import KernelPoint
 from embshard.calibrate.measure import PHASES
 from embshard.calibrate.synthetic import bench_tables, random_plan
-from embshard.planner import evaluate, plan
+from embshard.planner import plan
 from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf, rank_perfs
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec

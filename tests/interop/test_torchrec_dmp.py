@@ -5,7 +5,6 @@ in one spawn (tests/interop/dmp_worker.py is each rank)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from embshard.planner import manual_plan
+from embshard.ports import free_port
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -44,12 +44,6 @@ LAYOUT = {
     "seq_rw": ("row_wise", [0, 1]),
     "seq_cw": ("column_wise", [1, 0]),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(240)

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from embshard.ports import free_port
+
 WORKER = Path(__file__).resolve().parent / "rt_worker.py"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_group(world_size: int, timeout_s: float, only: str = "") -> list[dict]:

@@ -32,6 +32,7 @@ TRAIN_ARGS = ["tables=serving_tiny", "model.bottom_mlp=[16,8]", "model.top_mlp=[
               "data.signal=3", "launcher.nproc=2", "launcher.collective_timeout_s=60", "steps=200",
               "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_batches=4"]
 TIMEOUT_S = 300
+NUM_SAMPLES = 4096  # held-out samples the tests score
 # The 2-rank artifacts' layout: every way a table travels (the planner alone would replicate these small tables).
 LAYOUT = {"tables": {"t0": {"sharding_types": ["row_wise"]}, "t1": {"sharding_types": ["table_wise"], "ranks": [1]},
                      "t2": {"sharding_types": ["column_wise"]}, "t3": {"sharding_types": ["data_parallel"]},
@@ -69,3 +70,34 @@ def artifact(trained_run, tmp_path_factory) -> Callable[[str, int], Path]:
         return cache[(dtype, world_size)]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def reference(trained_run):
+    """The unsharded model with the checkpoint's weights, its tables, and the held-out samples."""
+    import torch
+
+    from embshard.data.batch import NUM_DENSE, FeatureLayout, to_batch
+    from embshard.data.config import SyntheticConfig
+    from embshard.data.synthetic import SyntheticSource
+    from embshard.models.dlrm import DLRM
+    from embshard.serving.export import find_run, read_dense, read_table
+
+    run = find_run(trained_run)
+    model_cfg = run.model
+    layout = FeatureLayout.from_specs(run.specs, NUM_DENSE, model_cfg.sequence.max_history_length)
+    model = DLRM(model_cfg, run.specs, NUM_DENSE).eval()
+    tables = {s.name: read_table(run.step_dir, s.name, (s.num_embeddings, s.embedding_dim), s.dtype) for s in run.specs}
+    with torch.no_grad():
+        for name, param in read_dense(run.step_dir).items():
+            model.get_parameter(name).copy_(param)
+        for name, bag in model.sparse.embedding_bags.items():
+            bag.weight.copy_(tables[name])
+        for name, emb in model.sequence.embeddings.items():
+            emb.weight.copy_(tables[name])
+    data = SyntheticConfig(signal=3.0)  # the trained run's data (TRAIN_ARGS)
+    samples = SyntheticSource(data, layout, "eval").read(0, NUM_SAMPLES)
+    batch = to_batch(samples, layout)
+    with torch.no_grad():
+        scores = torch.sigmoid(model(batch.dense, batch.sparse, batch.sequence))
+    return {"run": run, "layout": layout, "samples": samples, "batch": batch, "scores": scores, "tables": tables}

@@ -1,6 +1,6 @@
 """embshard-serve over HTTP: one 2-rank server (the shared fp32 artifact) answers real requests.
 
-Scores equal the unsharded trained model's (test_parity's `reference`, 1e-5), lookups the
+Scores equal the unsharded trained model's (conftest's `reference`, 1e-5), lookups the
 checkpoint's rows; concurrent requests are batched and each gets its own scores; bad input
 gets a 4xx naming the field while the server keeps serving; a rank slower than the request
 timeout gives 503, then the server serves again; SIGTERM stops every rank (the last test).
@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from embshard.serving.client import ServeProcess, get_json, post_json, predict_body
-from test_parity import reference  # noqa: F401 - the unsharded model's scores (a fixture)
 
 REQUEST_TIMEOUT_MS = 3000
 MAX_REQUEST_SAMPLES = 64

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,25 +22,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torchmetrics.functional.classification import binary_auroc
 
-from embshard.data.batch import NUM_DENSE, FeatureLayout, to_batch
-from embshard.data.config import SyntheticConfig
-from embshard.data.synthetic import SyntheticSource
-from embshard.models.dlrm import DLRM
-from embshard.serving.export import find_run, read_dense, read_table
+from embshard.ports import free_port
 from predict_worker import SMALL_BATCH, rank_cuts
 
 WORKER = Path(__file__).resolve().parent / "predict_worker.py"
 REPO = Path(__file__).resolve().parents[2]
-NUM_SAMPLES = 4096
 WORLD_SIZE = 2
 DTYPES = ("fp32", "int8", "fp16")
 TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(world_size: int, inputs: Path, out: Path, artifacts: list[Path]) -> None:
@@ -62,29 +50,6 @@ def run_ranks(world_size: int, inputs: Path, out: Path, artifacts: list[Path]) -
             logs.append(p.communicate()[0])
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{logs[r][-4000:]}"
-
-
-@pytest.fixture(scope="module")
-def reference(trained_run):
-    """The unsharded model with the checkpoint's weights, its tables, and the held-out samples."""
-    run = find_run(trained_run)
-    model_cfg = run.model
-    layout = FeatureLayout.from_specs(run.specs, NUM_DENSE, model_cfg.sequence.max_history_length)
-    model = DLRM(model_cfg, run.specs, NUM_DENSE).eval()
-    tables = {s.name: read_table(run.step_dir, s.name, (s.num_embeddings, s.embedding_dim), s.dtype) for s in run.specs}
-    with torch.no_grad():
-        for name, param in read_dense(run.step_dir).items():
-            model.get_parameter(name).copy_(param)
-        for name, bag in model.sparse.embedding_bags.items():
-            bag.weight.copy_(tables[name])
-        for name, emb in model.sequence.embeddings.items():
-            emb.weight.copy_(tables[name])
-    data = SyntheticConfig(signal=3.0)  # the trained run's data (conftest.TRAIN_ARGS)
-    samples = SyntheticSource(data, layout, "eval").read(0, NUM_SAMPLES)
-    batch = to_batch(samples, layout)
-    with torch.no_grad():
-        scores = torch.sigmoid(model(batch.dense, batch.sparse, batch.sequence))
-    return {"run": run, "layout": layout, "samples": samples, "batch": batch, "scores": scores, "tables": tables}
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +97,9 @@ def test_fp32_predictions_equal_the_trained_model(served, reference, artifact):
     plan = json.loads((artifact("fp32", WORLD_SIZE) / "plan.json").read_text())
     assert {t["sharding_type"] for t in plan["tables"]} == {"row_wise", "table_wise", "column_wise", "data_parallel"}
     got, want = scores(served, "fp32"), reference["scores"]
-    assert got.shape == (NUM_SAMPLES,)
-    assert rank_cuts(NUM_SAMPLES, WORLD_SIZE) == [0, int(NUM_SAMPLES * 0.6), NUM_SAMPLES]
+    n = len(reference["samples"].labels)
+    assert n == 4096 and got.shape == (n,)
+    assert rank_cuts(n, WORLD_SIZE) == [0, int(n * 0.6), n]
     assert torch.allclose(got, want, atol=1e-5, rtol=0), f"max |diff| {float((got - want).abs().max()):.2e}"
     small = scores(served, "fp32", "scores_small")  # rank 0 five samples, rank 1 none
     assert served["fp32"][1]["scores_small"].numel() == 0

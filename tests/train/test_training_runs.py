@@ -16,7 +16,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
+from embshard.ports import free_port
 from embshard.train import config, distributed
 from embshard.train.checkpoint import read_tables
 from embshard.train.trainer import Trainer
@@ -192,12 +192,6 @@ def test_multirun_sweep_runs_every_job(stage1) -> None:
     assert [metrics(root / job)[-1]["step"] for job in ("0", "1")] == [2, 2]
     assert [json.loads((root / job / "plan.json").read_text())["topology"]["world_size"] for job in ("0", "1")] == [1, 2]
     assert "trained 2 steps" in sweep.text and "on 2 rank(s)" in sweep.text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
