@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from scipy.stats import spearmanr
 
 from embshard.calibrate.measure import measure_rounds
 from embshard.calibrate.synthetic import bench_tables, random_plan
+from embshard.machine import cpu_model
 from embshard.planner import evaluate
 from embshard.topology import Topology
 
@@ -58,11 +58,6 @@ def datasheet_topology(world_size: int) -> Topology:
 
 def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
 
 
 def metrics(pred: list[float], meas: list[float]) -> dict[str, float]:

@@ -26,7 +26,6 @@ import datetime
 import hashlib
 import json
 import math
-import platform
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from embshard.interop.torchrec import from_torchrec_plan, torchrec_estimate
+from embshard.machine import cpu_model
 from embshard.planner import PlanInfeasibleError, evaluate, plan
 from embshard.planner.plan import ShardingPlan
 from embshard.specs import TableSpec, load_tables_file, tables_from_list
@@ -264,8 +264,7 @@ def print_rich(rows: list[dict]) -> None:
 
 
 def markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if line.startswith("Model name")), platform.processor())
+    cpu = cpu_model()
     out = [
         "# Planner vs TorchRec", "",
         f"- date: {datetime.date.today().isoformat()}; machine: {cpu}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, no GPU",

@@ -42,10 +42,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cost_model_accuracy import cpu_model, today, update_section  # noqa: E402
+from cost_model_accuracy import today, update_section  # noqa: E402
 from local_ranks import run_script_ranks  # noqa: E402
 
 from embshard.calibrate.measure import measure_rounds  # noqa: E402
+from embshard.machine import cpu_model  # noqa: E402
 from embshard.planner import ShardingPlan, evaluate, manual_plan, plan  # noqa: E402
 from embshard.specs import TableSpec, load_tables_file  # noqa: E402
 from embshard.topology import Topology  # noqa: E402

@@ -19,9 +19,7 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from embshard.interop.torchrec import to_torchrec_plan
-from local_ranks import run_script_ranks
+from embshard.machine import cpu_model
 from embshard.planner import manual_plan
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
@@ -39,6 +37,7 @@ from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, Sha
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
 from embshard.topology import Topology
+from local_ranks import run_script_ranks
 
 ST = ShardingType
 WORLD_SIZE, BATCH_SIZE, LR = 2, 2048, 0.01
@@ -200,8 +199,7 @@ def worker(rank: int, port: int, out: str, only: str) -> None:
 
 
 def markdown(results: list[dict]) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if line.startswith("Model name")), platform.processor())
+    cpu = cpu_model()
     samples = WORLD_SIZE * BATCH_SIZE
     lines = [
         "# embshard runtime vs TorchRec DistributedModelParallel",

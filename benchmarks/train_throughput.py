@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from statistics import median
@@ -32,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from local_ranks import run_script_ranks
+
+from embshard.machine import cpu_model
 
 WORLD_SIZE, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
@@ -171,13 +172,6 @@ def worker(rank: int, port: int, out: str, repeats: int) -> None:
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
-
-
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def markdown(results: list[dict]) -> str:

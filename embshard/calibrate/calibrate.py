@@ -21,8 +21,6 @@ import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +32,7 @@ from embshard.calibrate import collectives, kernels
 from embshard.calibrate.device import BACKENDS, DEVICES, local_ranks_available
 from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, fit
 from embshard.calibrate.measure import PHASES, measure_plans
+from embshard.machine import cpu_model
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, Topology
 
@@ -115,9 +114,7 @@ def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int,
 
 def machine(device: str = "cpu") -> dict[str, Any]:
     """CPU model, cores, (on cuda) the GPU's name and count, load and date of the measurement."""
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if os.path.exists("/usr/bin/lscpu") else ""
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), platform.processor())
-    out = {"cpu": model, "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+    out = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
            "date": datetime.datetime.now().isoformat(timespec="seconds")}
     if device == "cuda":
         import torch
