@@ -94,18 +94,14 @@ class DenseReplicas:
                 weights, states = kernel.block_weights(), kernel.block_states()
                 for w in sorted({b.num_cols for b in spec.blocks}):
                     blocks = [i for i, b in enumerate(spec.blocks) if b.num_cols == w]
-                    grad, count = next(reduced).view(-1, w), next(reduced)
-                    rows = count.nonzero().squeeze(1)
-                    weight = torch.cat([weights[i] for i in blocks])
-                    state = {k: torch.cat([states[i][k] for i in blocks]) for k in states[blocks[0]] if k != "step"}
-                    apply_update(spec.optimizer, weight, state, rows, grad.index_select(0, rows) / world, self.config,
-                                 self.learning_rate, step)
                     sizes = [spec.blocks[i].num_rows for i in blocks]
-                    for i, part in zip(blocks, weight.split(sizes)):
-                        weights[i].copy_(part)
-                    for k, stacked in state.items():
-                        for i, part in zip(blocks, stacked.split(sizes)):
-                            states[i][k].copy_(part)
+                    grad, count = next(reduced).view(-1, w), next(reduced)
+                    # blocks are views of the kernel's weights and state: updated in place, looked-up rows only
+                    for i, grad_block, count_block in zip(blocks, grad.split(sizes), count.split(sizes)):
+                        rows = count_block.nonzero().squeeze(1)
+                        if rows.numel():
+                            apply_update(spec.optimizer, weights[i], states[i], rows,
+                                         grad_block.index_select(0, rows) / world, self.config, self.learning_rate, step)
 
 
 class _LocalLookup(torch.autograd.Function):
