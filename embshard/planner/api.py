@@ -130,7 +130,7 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
                                                                inference)
-    perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements)]
+    perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
     ranks = tuple(RankReport(r, perfs[r], storage[r] + every_storage) for r in range(W))
     if lower_bound is None:
         problem = build_problem(specs, topology, constraints, inference=inference)

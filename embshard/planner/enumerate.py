@@ -41,7 +41,7 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     """The candidate for one type and shard count, or None if the table cannot be cut so."""
     phases = forward_only if inference else (lambda p: p)
     if stype is ShardingType.DATA_PARALLEL:
-        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo)),
+        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference)),
                          data_parallel_storage(spec, topo, inference))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from embshard.planner import plan
 from embshard.planner.api import PlanInfeasibleError, evaluate, placement_for
+from embshard.planner.cost.perf import data_parallel_perf
+from embshard.planner.enumerate import forward_only
 from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec, load_tables_file
 from embshard.topology import Topology
@@ -79,3 +82,17 @@ def test_replicas_leave_room_for_the_remaining_tables():
     types = {t.sharding_type for t in p.tables}
     assert ShardingType.DATA_PARALLEL in types and ShardingType.TABLE_WISE in types
     assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
+
+
+def test_serving_prices_replicas_as_local_lookups_whatever_the_training_mode():
+    """Serving collections look replicas up locally (no id exchange, own samples only), so an inference
+    plan costs a replica the same on a profile whose training runs replicated look-ups."""
+    spec = TableSpec("t", 10_000, 32, pooling_factor=8.0)
+    replicated = replace(TOPO, replicated_dp_lookup=True)
+
+    def served_ms(topo: Topology, inference: bool) -> float:
+        placement = placement_for(spec, topo, ShardingType.DATA_PARALLEL, ())
+        return evaluate([spec], topo, [placement], inference=inference).ranks[0].perf.total_ms
+
+    assert served_ms(replicated, inference=True) == served_ms(TOPO, inference=True)
+    assert forward_only(data_parallel_perf(spec, replicated)).total_ms > served_ms(TOPO, inference=True)

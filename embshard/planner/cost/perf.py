@@ -193,12 +193,13 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
 
 
-def data_parallel_perf(spec: TableSpec, topo: Topology) -> Perf:
+def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
     """Time every rank spends on a replicated table: local lookup, dense update, all-reduce (the
     runtime's "allreduce" mode, embshard.runtime.dense_replicas; it all-reduces a collection's
     replicated tables together, each table here pays the collective's fixed cost: an upper bound);
-    or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf`."""
-    if topo.replicated_dp_lookup:
+    or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf` -- in training only:
+    serving collections always look replicas up locally."""
+    if topo.replicated_dp_lookup and not inference:
         return replicated_lookup_perf(spec, topo)
     B, F, N, D = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim
     ids = B * spec.pooling_factor * F
@@ -312,7 +313,7 @@ def rank_perf(held: Perf, requester: Perf, every: Perf, fixed: Perf, topo: Topol
     )
 
 
-def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence) -> list[Perf]:
+def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence, inference: bool = False) -> list[Perf]:
     """Every rank's predicted Perf (index = rank) for placements (TablePlacement-like): the one
     cost model that `embshard.planner.evaluate` reports, the search minimises (its flattened
     form, embshard.planner.search.problem) and the calibration fits."""
@@ -322,7 +323,7 @@ def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence)
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every = every + data_parallel_perf(spec, topo)
+            every = every + data_parallel_perf(spec, topo, inference)
             continue
         k = len(t.shards)
         requester = requester + requester_perf(spec, topo, t.sharding_type, k)
