@@ -1,4 +1,4 @@
-"""One readable line for bad input to embshard's Hydra apps (embshard-plan, embshard-calibrate).
+"""Shared by embshard's Hydra apps: their config folder, and one readable line for bad input.
 
     from embshard.cli import fail, run_hydra_app
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 import yaml
@@ -22,6 +23,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 EXIT_BAD_INPUT = 2
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the repository's (editable install)
 
 
 def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

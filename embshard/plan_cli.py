@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from embshard import planner
-from embshard.cli import fail, run_hydra_app
+from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
@@ -34,7 +34,6 @@ PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
 PROG = "embshard-plan"
 # The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
 # a relative config_path of an imported module as a Python package.
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 
 def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:

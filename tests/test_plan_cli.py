@@ -148,7 +148,8 @@ def test_every_group_option_composes_and_validates():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from embshard.plan_cli import CONFIG_DIR, CONFIG_KEYS, planner_options
+    from embshard.cli import CONFIG_DIR
+    from embshard.plan_cli import CONFIG_KEYS, planner_options
     from embshard.planner.types import Constraints
     from embshard.specs import tables_from_list
     from embshard.topology import Topology

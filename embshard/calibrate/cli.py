@@ -27,8 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from embshard.calibrate.calibrate import (base_topology, comm_note, fit_data, measure_all, profile_topology, profile_yaml, read_data,
                                           validate, write_data, write_profile)
 from embshard.calibrate.device import BACKENDS, resolve_device
-from embshard.cli import fail, run_hydra_app
-from embshard.plan_cli import CONFIG_DIR
+from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 
 PROG = "embshard-calibrate"
 

@@ -22,8 +22,6 @@ from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
-KINDS = ("fbgemm", "dp")
-
 
 @dataclass(frozen=True)
 class KernelPoint:

@@ -42,13 +42,12 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from embshard.calibrate.device import BACKENDS, clock_reader
 from embshard.planner.plan import ShardingPlan
-from embshard.planner.types import Perf
 from embshard.ports import free_port
 
 PHASES = ("input_dist_ms", "lookup_fwd_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "lookup_bwd_ms", "dp_allreduce_ms")
@@ -64,17 +63,12 @@ class RankMeasurement:
     cpu_ms: dict[str, float]  # PHASES and "total_ms"
     wall_ms: dict[str, float]
 
-    @property
-    def cpu_perf(self) -> Perf:
-        return Perf(**{p: self.cpu_ms[p] for p in PHASES})
-
 
 @dataclass(frozen=True)
 class PlanMeasurement:
     ranks: tuple[RankMeasurement, ...]
     step_wall_ms: float  # wall clock per step between barriers (rank 0), all ranks running together
     steps: int
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def max_rank_cpu_ms(self) -> float:

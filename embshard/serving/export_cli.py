@@ -17,10 +17,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard.cli import fail, run_hydra_app
+from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 
 PROG = "embshard-export"
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")  # the repository's (editable install)
 
 
 @dataclass

@@ -24,10 +24,10 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard.cli import fail, run_hydra_app
+from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.serving.config import PROG, ServeSettings, register, settings_from_config
 from embshard.train.launcher import launch, under_torchrun
-from embshard.train.main import CONFIG_DIR, child_args, user_env
+from embshard.train.main import child_args, user_env
 
 register()
 

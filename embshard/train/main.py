@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import hydra
@@ -30,7 +29,6 @@ from embshard.train import config
 from embshard.train.launcher import launch, under_torchrun
 
 PROG = "embshard-train"
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")  # the repository's (editable install)
 USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
 config.register()
 
@@ -55,7 +53,7 @@ def user_env() -> dict[str, str]:
     return env
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@hydra.main(version_base="1.3", config_path=cli.CONFIG_DIR, config_name="train")
 def hydra_main(cfg: DictConfig) -> None:
     try:
         settings = config.settings_from_config(cfg)

@@ -86,7 +86,7 @@ def test_bad_config_names_the_key(override, needle):
     from omegaconf import OmegaConf
 
     from embshard.calibrate.calibrate import validate, read_data
-    from embshard.plan_cli import CONFIG_DIR
+    from embshard.cli import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = OmegaConf.to_container(compose("calibrate"), resolve=True)

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from embshard.serving.client import BIN, ServeProcess, get_json, post_json, predict_body
 from embshard.serving.config import register, settings_from_config
-from embshard.train.main import CONFIG_DIR
+from embshard.cli import CONFIG_DIR
 
 TIMEOUT_S = 120
 register()
