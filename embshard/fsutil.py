@@ -1,7 +1,8 @@
-"""Filesystem steps shared by the checkpoint writer and the serving export."""
+"""Filesystem steps shared by checkpoints, plans, serving artifacts and rank results."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -18,3 +19,10 @@ def swap_in(tmp: Path, final: Path, old: Path) -> None:
         shutil.rmtree(old)
     else:
         tmp.rename(final)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, so a reader never sees it partial."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime
 import gc
 import json
-import os
 import sys
 from pathlib import Path
+
+from embshard.fsutil import write_text_atomic
 
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -49,9 +50,7 @@ def main(argv: list[str]) -> None:
         result = bench_in_rank(pg, job)
     else:
         raise ValueError(f"unknown job kind {job['kind']!r}")
-    tmp = out + ".tmp"
-    Path(tmp).write_text(json.dumps(result))
-    os.replace(tmp, out)
+    write_text_atomic(Path(out), json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
 

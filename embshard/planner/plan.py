@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from embshard.fsutil import write_text_atomic
 from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
@@ -114,9 +115,7 @@ class ShardingPlan:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        write_text_atomic(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> "ShardingPlan":

@@ -10,7 +10,6 @@ SIGTERM/SIGINT, then stops listening, finishes the requests in flight and stops 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from embshard.fsutil import write_text_atomic
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
 from embshard.serving.config import ServerConfig
 from embshard.serving.metrics import ServingMetrics
@@ -116,15 +116,10 @@ async def serve(app: web.Application, batcher: Batcher, config: ServerConfig, wo
     port = runner.addresses[0][1]
     print(f"embshard-serve: listening on http://{config.host}:{port} ({world_size} rank(s))", flush=True)
     if config.port_file:
-        _write_port(Path(config.port_file), port)
+        write_text_atomic(Path(config.port_file), f"{port}\n")
     await stop.wait()
     print("embshard-serve: stopping", file=sys.stderr, flush=True)
     await runner.cleanup()
     await batcher.close(config.shutdown_timeout_s)
 
 
-def _write_port(path: Path, port: int) -> None:
-    """Write ``port`` so that a reader never sees a partial file."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(f"{port}\n")
-    tmp.replace(path)
