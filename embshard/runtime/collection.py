@@ -288,7 +288,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
         """Cut the flat outputs (sharded features, then replicated ones) into one JaggedTensor per feature."""
         r, B = self.routing, batch.batch_size
-        counts = batch.lengths_FB.view(len(r.features), -1).sum(1).tolist()
+        counts = batch.lengths_FB.view(len(r.features), B).sum(1).tolist()
         values: dict[int, Tensor] = {}
         parts = [(flat, [i for i, f in enumerate(r.features) if not f.data_parallel])]
         if r.replicas:

@@ -113,7 +113,7 @@ class PooledOutputDist:
         else:  # row-wise partial sums add up
             out = torch.zeros(B * D // self.unit, self.unit, device=self.device).index_add(0, index, source.view(-1, self.unit)).view(B, D)
         if bool(self.mean_cols.any()):
-            lengths_BF = batch.lengths_FB.view(-1, B).t().clamp(min=1).to(out.dtype)
+            lengths_BF = batch.lengths_FB.view(len(r.features), B).t().clamp(min=1).to(out.dtype)
             scale = torch.where(self.mean_cols, 1.0 / lengths_BF[:, self.col_feature], torch.ones((), device=self.device))
             out = out * scale
         return out
@@ -153,7 +153,7 @@ class SequenceOutputDist:
     def _target_index(self, received: Received, batch: Batch) -> Tensor:
         """Target piece of every received piece: rows in send order, each at its id's place."""
         F = len(self.routing.features)
-        counts_F = batch.lengths_FB.view(F, -1).sum(1)
+        counts_F = batch.lengths_FB.view(F, batch.batch_size).sum(1)
         first_id_F = torch.cumsum(counts_F, 0) - counts_F
         pieces_F = counts_F * self.feature_dim_u
         first_piece_F = torch.cumsum(pieces_F, 0) - pieces_F

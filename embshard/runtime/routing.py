@@ -8,7 +8,8 @@ ids in its rows, re-based to the block). data_parallel features get a second rou
 `Routing.replicas`, with one slot per feature on every rank: each replica looks up the
 global batch, keeps its own rows, and applies the same update as every other replica.
 On its destination, a slot belongs to one rank-local kernel (grouped by implementation,
-optimizer, weight dtype and, except for FBGEMM's pooled kernels, width); slots are ordered
+optimizer, weight dtype and, except for FBGEMM's pooled kernels, width; any width trains: the
+torch kernel runs those FBGEMM's training kernel rejects); slots are ordered
 by kernel so that every kernel reads a contiguous range. Serving collections (``inference``)
 group by dtype alone: their forward-only kernels have no optimizer.
 """
@@ -19,12 +20,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from embshard.planner.plan import ShardingPlan, validate_placements
+from embshard.planner.splits import COL_ALIGN
 from embshard.planner.types import ShardingType
 from embshard.runtime.optim import OPTIMIZERS
 from embshard.specs import TableSpec
 
 POOLING_MODES = ("sum", "mean")
-COL_ALIGN = 4  # FBGEMM kernels need widths that are multiples of 4
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,6 @@ def check_plan(specs: Sequence[TableSpec], plan: ShardingPlan, world_size: int, 
         raise ValueError(f"{where}: duplicate table names in {names}")
     placements = [plan.placement(n) for n in names]
     validate_placements(placements, specs, plan.topology, where)
-    for t in placements:
-        if t.sharding_type is ShardingType.DATA_PARALLEL:
-            continue
-        for s in t.shards:
-            if s.num_cols % COL_ALIGN:
-                raise ValueError(f"{where}: table {t.name!r} has a {s.num_cols}-column shard; FBGEMM kernels need "
-                                 f"widths that are multiples of {COL_ALIGN} (use such dims, or data_parallel)")
 
 
 def build_routing(
@@ -188,7 +182,7 @@ def build_routing(
         spec = by_name[slot.table]
         if inference:
             return "quant", "", spec.dtype, 0 if pooled else slot.num_cols
-        # Only replicas can have widths FBGEMM rejects (check_plan guards the shards).
+        # FBGEMM's training kernel needs widths that are multiples of 4; the torch kernel runs any width.
         impl = "fbgemm" if spec.optimizer in fbgemm_optimizers and slot.num_cols % COL_ALIGN == 0 else "torch"
         # FBGEMM's pooled kernel mixes widths; sequence kernels and the torch kernel do not.
         return impl, spec.optimizer, spec.dtype, (0 if impl == "fbgemm" and pooled else slot.num_cols)

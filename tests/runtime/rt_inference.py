@@ -20,7 +20,7 @@ from embshard.runtime import ShardedEmbeddingBagCollection, ShardedEmbeddingColl
 from embshard.serving.quantize import quantize
 from embshard.specs import TableSpec
 from rt_reference import full_tables, global_batch, kjt
-from rt_training import (MEAN_TABLES, POOLED, SEQUENCE, _max_diff, _rank_slice, features_of, make_batches, make_plan,
+from rt_training import (MEAN_TABLES, MIXED_POOLED, MIXED_SEQUENCE, ODD_POOLED, ODD_SEQUENCE, POOLED, SEQUENCE, _max_diff, _rank_slice, features_of, make_batches, make_plan,
                          make_reference, topology)
 
 ST = ShardingType
@@ -46,7 +46,7 @@ def quantized_blocks(specs: list[TableSpec], plan: ShardingPlan, rank: int, seed
 
 
 def run_serving(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
-                weighted: bool = False, mean: bool = False, seed: int = 0) -> dict[str, float]:
+                weighted: bool = False, mean: bool = False, seed: int = 0, empty_ranks: bool = False) -> dict[str, float]:
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
     blocks, served = quantized_blocks(specs, plan, rank, seed)
     pooling = {t: "mean" for t in MEAN_TABLES} if mean else {}
@@ -59,7 +59,7 @@ def run_serving(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGrou
     feats = features_of(specs)
     worst = 0.0
     with torch.inference_mode():
-        for batches in make_batches(specs, W, weighted, seed)[:2]:
+        for batches in make_batches(specs, W, weighted, seed, empty_ranks)[:2]:
             out = collection(kjt(batches[rank], feats, weighted))
             expected = _rank_slice(ref(kjt(global_batch(batches), feats, weighted)), batches, rank, feats, pooled)
             worst = max(worst, _max_diff(out, expected, pooled))
@@ -88,4 +88,16 @@ def cases(world_size: int) -> dict:
         if is_pooled:
             out[f"serving-{name}-weighted"] = lambda pg, s=specs, p=plan: run_serving(s, p, pg, pooled=True,
                                                                                        weighted=True, seed=22)
+    # A serving share may be empty (at step s rank s % W gets no samples); widths need not be multiples of 4.
+    pooled_a, sequence_a = plans["pooled-a"], plans["sequence-a"]
+    out["serving-empty-rank-pooled"] = lambda pg: run_serving(*pooled_a, pg, pooled=True, mean=True, seed=23, empty_ranks=True)
+    out["serving-empty-rank-pooled-weighted"] = lambda pg: run_serving(*pooled_a, pg, pooled=True, weighted=True, mean=True,
+                                                                       seed=24, empty_ranks=True)
+    out["serving-empty-rank-sequence"] = lambda pg: run_serving(*sequence_a, pg, pooled=False, seed=25, empty_ranks=True)
+    odd_pooled = [dataclasses.replace(s, dtype=d) for s, d in zip(ODD_POOLED, ("fp32", "fp16", "fp16", "fp32"))]
+    odd_sequence = [dataclasses.replace(s, dtype=d) for s, d in zip(ODD_SEQUENCE, DTYPES)]
+    out["serving-odd-dims-pooled"] = lambda pg: run_serving(odd_pooled, make_plan(odd_pooled, topo, MIXED_POOLED), pg,
+                                                            pooled=True, mean=True, seed=26)
+    out["serving-odd-dims-sequence"] = lambda pg: run_serving(odd_sequence, make_plan(odd_sequence, topo, MIXED_SEQUENCE), pg,
+                                                              pooled=False, seed=27)
     return out

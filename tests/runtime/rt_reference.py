@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embshard.specs import TableSpec
 
@@ -17,20 +17,43 @@ RankBatch = dict[str, tuple[Tensor, Tensor, Tensor | None]]
 
 
 def full_tables(specs: list[TableSpec], seed: int) -> dict[str, Tensor]:
+    """Random tables; fp16 tables hold values fp16 represents exactly (what the sharded copy holds)."""
     gen = torch.Generator().manual_seed(seed)
-    return {s.name: torch.randn(s.num_embeddings, s.embedding_dim, generator=gen) * 0.3 for s in specs}
+    tables = {s.name: torch.randn(s.num_embeddings, s.embedding_dim, generator=gen) * 0.3 for s in specs}
+    return {name: t.half().float() if s.dtype == "fp16" else t for (name, t), s in zip(tables.items(), specs)}
 
 
-def reference_ebc(specs: list[TableSpec], tables: dict[str, Tensor], pooling: dict[str, str], weighted: bool) -> EmbeddingBagCollection:
+def reference_ebc(specs: list[TableSpec], tables: dict[str, Tensor], pooling: dict[str, str], weighted: bool):
+    """TorchRec's EmbeddingBagCollection holding ``tables`` (a `WeightedMean` one for weighted mean pooling)."""
+    weighted_mean = weighted and "mean" in pooling.values()
     configs = [EmbeddingBagConfig(name=s.name, embedding_dim=s.embedding_dim, num_embeddings=s.num_embeddings,
                                   feature_names=list(s.feature_names),
-                                  pooling=PoolingType.MEAN if pooling.get(s.name) == "mean" else PoolingType.SUM)
+                                  pooling=PoolingType.MEAN if pooling.get(s.name) == "mean" and not weighted_mean else PoolingType.SUM)
                for s in specs]
     ebc = EmbeddingBagCollection(tables=configs, is_weighted=weighted, device=torch.device("cpu"))
     with torch.no_grad():
         for s in specs:
             ebc.embedding_bags[s.name].weight.copy_(tables[s.name])
+    if weighted_mean:
+        return WeightedMean(ebc, {f for s in specs if pooling.get(s.name) == "mean" for f in s.feature_names})
     return ebc
+
+
+class WeightedMean(torch.nn.Module):
+    """Weighted mean pooling as FBGEMM (and sharded TorchRec) compute it: the weighted sum over the
+    bag's length (empty bags give 0). TorchRec's unsharded collection refuses weights with mean."""
+
+    def __init__(self, summing: EmbeddingBagCollection, mean_features: set[str]) -> None:
+        super().__init__()
+        self.summing, self.mean_features = summing, mean_features
+        self.embedding_bags = summing.embedding_bags
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        out = self.summing(features)
+        per_feature = features.to_dict()
+        parts = [values / per_feature[key].lengths().clamp(min=1).unsqueeze(1) if key in self.mean_features else values
+                 for key, values in zip(out.keys(), out.values().split(out.length_per_key(), dim=1))]
+        return KeyedTensor(keys=out.keys(), length_per_key=out.length_per_key(), values=torch.cat(parts, dim=1))
 
 
 def reference_ec(specs: list[TableSpec], tables: dict[str, Tensor]) -> EmbeddingCollection:

@@ -40,8 +40,24 @@ SEQUENCE = [
     TableSpec("sc", 33, 16, pooled=False, feature_names=("s4",), optimizer="sgd"),
     TableSpec("sd", 52, 16, pooled=False, feature_names=("s5",), optimizer="adagrad"),
 ]
+# Widths that are not multiples of 4 (FBGEMM's kernels reject them; the torch kernel runs them).
+ODD_POOLED = [
+    TableSpec("ta", 50, 3, feature_names=("a1", "a2"), optimizer="rowwise_adagrad"),
+    TableSpec("tb", 37, 6, feature_names=("b",), optimizer="adagrad"),
+    TableSpec("tc", 23, 5, feature_names=("c",), optimizer="sgd"),
+    TableSpec("td", 61, 3, feature_names=("d",), optimizer="adam"),
+]
+ODD_SEQUENCE = [  # one width: TorchRec's EmbeddingCollection (the reference) needs that
+    TableSpec("sa", 45, 6, pooled=False, feature_names=("s1", "s2"), optimizer="rowwise_adagrad"),
+    TableSpec("sb", 29, 6, pooled=False, feature_names=("s3",), optimizer="sgd"),
+    TableSpec("sc", 33, 6, pooled=False, feature_names=("s4",), optimizer="adam"),
+    TableSpec("sd", 52, 6, pooled=False, feature_names=("s5",), optimizer="adagrad"),
+]
 EMPTY_ON_LAST_RANK = {"b", "s3"}  # the last rank never has an id of these features
 MEAN_TABLES = {"ta", "tc"}
+MIXED_POOLED = [ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL]
+MIXED_SEQUENCE = [ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL, ShardingType.TABLE_COLUMN_WISE, ShardingType.TABLE_WISE]
+FP16_TOL = 2e-3
 
 
 # ---- plans ------------------------------------------------------------------------------
@@ -69,6 +85,9 @@ def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology,
             return [dataclasses.replace(s, num_cols=D) for s in uneven_rows(N, ranks)]
         return [Shard(r, ro, n, 0, D) for r, (ro, n) in zip(ranks, row_splits(N, len(ranks)))]
     ranks = list(range(W)) if stype is ST.COLUMN_WISE else host_ranks
+    if D % 4:  # two blocks, of 4 columns (FBGEMM's kernel, if the optimizer has one) and the rest, or halves
+        first = 4 if D > 4 else D // 2
+        return [Shard(ranks[(index + j) % len(ranks)], 0, N, co, n) for j, (co, n) in enumerate([(0, first), (first, D - first)])]
     ranks = [ranks[(index + j) % len(ranks)] for j in range(min(len(ranks), D // 4))]
     return [Shard(r, 0, N, co, n) for r, (co, n) in zip(ranks, col_splits(D, len(ranks)))]
 
@@ -80,18 +99,20 @@ def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType],
 
 
 # ---- batches ----------------------------------------------------------------------------
-def make_batches(specs: list[TableSpec], world_size: int, weighted: bool, seed: int) -> list[list[dict]]:
-    """[step][rank] -> {feature: (lengths, ids, weights)}; rank r has 3 + 2r bags, some empty."""
+def make_batches(specs: list[TableSpec], world_size: int, weighted: bool, seed: int,
+                 empty_ranks: bool = False) -> list[list[dict]]:
+    """[step][rank] -> {feature: (lengths, ids, weights)}; rank r has 3 + 2r bags, some empty.
+    empty_ranks: at step s, rank s % world_size has no bags at all (a serving share may be empty)."""
     gen = torch.Generator().manual_seed(seed)
     steps = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
         ranks = []
         for r in range(world_size):
-            batch, B = {}, 3 + 2 * r
+            batch, B = {}, 0 if empty_ranks and r == step % world_size else 3 + 2 * r
             for s in specs:
                 for f in s.feature_names:
                     lengths = torch.randint(0, 5, (B,), generator=gen)
-                    lengths[0] = 0  # an empty bag in every feature
+                    lengths[:1] = 0  # an empty bag in every feature
                     if f in EMPTY_ON_LAST_RANK and r == world_size - 1:
                         lengths.zero_()
                     n = int(lengths.sum())
@@ -128,7 +149,8 @@ def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bo
 
 
 def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
-          weighted: bool = False, mean: bool = False, seed: int = 0, data_parallel_mode: str | None = None):
+          weighted: bool = False, mean: bool = False, seed: int = 0, data_parallel_mode: str | None = None,
+          empty_ranks: bool = False):
     """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors)."""
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
     tables = full_tables(specs, seed)
@@ -139,7 +161,7 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
     feats = features_of(specs)
     errors = {"err_forward": 0.0}
     gen = torch.Generator().manual_seed(seed + 1)
-    for step, batches in enumerate(make_batches(specs, W, weighted, seed)):
+    for step, batches in enumerate(make_batches(specs, W, weighted, seed, empty_ranks)):
         if step == 3:  # the learning rate can change between steps
             sharded.set_learning_rate(LR / 2)
             ref_opt.lr = LR / 2
@@ -277,11 +299,39 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
             if pooled:
                 cases[f"{stype.value}-pooled-weighted"] = (lambda pg, s=specs, p=plan:
                                                            run_training(s, p, pg, pooled=True, weighted=True, seed=3))
-    mixed_pooled = make_plan(POOLED, topo, [ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE, ST.DATA_PARALLEL])
-    mixed_sequence = make_plan(SEQUENCE, topo, [ST.TABLE_ROW_WISE, ST.DATA_PARALLEL, ST.TABLE_COLUMN_WISE, ST.TABLE_WISE])
+    mixed_pooled = make_plan(POOLED, topo, MIXED_POOLED)
+    mixed_sequence = make_plan(SEQUENCE, topo, MIXED_SEQUENCE)
     cases["mixed-pooled"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=5)
     cases["mixed-pooled-weighted"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True, seed=6)
     cases["mixed-sequence"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False, seed=7)
+    # Empty local batches (at step s rank s % W has no bags): every pooling mode, forward and backward.
+    empty = dict(empty_ranks=True)
+    cases["empty-rank-sum"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, seed=21, **empty)
+    cases["empty-rank-mean"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=22, **empty)
+    cases["empty-rank-weighted"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True, seed=23, **empty)
+    cases["empty-rank-weighted-mean"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True,
+                                                                 mean=True, seed=24, **empty)
+    cases["empty-rank-sequence"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False, seed=25, **empty)
+    cases["empty-rank-mean-replicated_lookup"] = lambda pg: run_training(
+        POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=26, data_parallel_mode="replicated_lookup", **empty)
+    cases["empty-rank-sequence-replicated_lookup"] = lambda pg: run_training(
+        SEQUENCE, mixed_sequence, pg, pooled=False, seed=27, data_parallel_mode="replicated_lookup", **empty)
+    cases["mixed-pooled-weighted-mean"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True,
+                                                                   mean=True, seed=28)
+    # Any width trains, in every sharding type (column blocks too).
+    odd_pooled = make_plan(ODD_POOLED, topo, [ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE, ST.DATA_PARALLEL])
+    odd_sequence = make_plan(ODD_SEQUENCE, topo, [ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.DATA_PARALLEL, ST.TABLE_WISE])
+    cases["odd-dims-pooled"] = lambda pg: run_training(ODD_POOLED, odd_pooled, pg, pooled=True, mean=True, seed=31)
+    cases["odd-dims-pooled-weighted"] = lambda pg: run_training(ODD_POOLED, odd_pooled, pg, pooled=True, weighted=True, seed=32)
+    cases["odd-dims-sequence"] = lambda pg: run_training(ODD_SEQUENCE, odd_sequence, pg, pooled=False, seed=33)
+    cases["odd-dims-pooled-replicated_lookup"] = lambda pg: run_training(
+        ODD_POOLED, odd_pooled, pg, pooled=True, mean=True, seed=34, data_parallel_mode="replicated_lookup")
+    # fp16 weights: rounded after every update, so compared with the fp32 reference at fp16's tolerance.
+    fp16_pooled, fp16_sequence = ([dataclasses.replace(s, dtype="fp16") for s in specs] for specs in (POOLED, SEQUENCE))
+    cases["fp16-mixed-pooled"] = lambda pg: {**run_training(fp16_pooled, make_plan(fp16_pooled, topo, MIXED_POOLED), pg,
+                                                            pooled=True, mean=True, seed=35), "tolerance": FP16_TOL}
+    cases["fp16-mixed-sequence"] = lambda pg: {**run_training(fp16_sequence, make_plan(fp16_sequence, topo, MIXED_SEQUENCE), pg,
+                                                              pooled=False, seed=36), "tolerance": FP16_TOL}
     # One optimizer for all tables: each rank's blocks share kernels (several tables per kernel).
     for optimizer in ("rowwise_adagrad", "adam"):
         for pooled, specs in ((True, POOLED), (False, SEQUENCE)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from embshard.planner import plan
 from embshard.planner.plan import ShardingPlan, TablePlacement
 from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
 from embshard.runtime.routing import build_routing, check_plan
@@ -50,13 +51,34 @@ def test_row_blocks_bucketize_by_offset_not_rank() -> None:
     assert [k.impl for k in routing.replicas.kernels] == ["torch"]
 
 
-def test_check_plan_names_what_is_wrong() -> None:
-    with pytest.raises(ValueError, match="'tw'.*6-column"):
-        check_plan(SPECS, plan_of([
+def test_any_width_runs_fbgemm_where_it_can_and_the_torch_kernel_elsewhere() -> None:
+    """Column blocks of 6 + 6 and of 4 + 8 (tw, 12 wide), a 6-wide replica: every width has a kernel."""
+    for cuts, impls in (([(0, 6), (6, 6)], {1: ["torch"], 2: ["torch"]}), ([(0, 4), (4, 8)], {1: ["fbgemm"], 2: ["fbgemm"]})):
+        plan = plan_of([
             ("rw", ST.ROW_WISE, [Shard(2, 0, 13, 0, 8), Shard(0, 13, 60, 0, 8), Shard(1, 73, 27, 0, 8)]),
-            ("tw", ST.COLUMN_WISE, [Shard(1, 0, 30, 0, 6), Shard(2, 0, 30, 6, 6)]),
+            ("tw", ST.COLUMN_WISE, [Shard(r, 0, 30, co, n) for r, (co, n) in zip((1, 2), cuts)]),
             ("dp", ST.DATA_PARALLEL, [Shard(r, 0, 10, 0, 6) for r in range(3)]),
-        ]), 3, True, "test")
+        ])
+        check_plan(SPECS, plan, 3, True, "test")
+        for rank, expected in impls.items():
+            routing = build_routing(SPECS, plan, rank, 3, True, {}, frozenset({"sgd", "adagrad", "rowwise_adagrad"}))
+            tw_kernels = [k.impl for k in routing.kernels if any(b.table == "tw" for b in k.blocks)]
+            assert tw_kernels == expected
+
+
+def test_the_planner_never_plans_a_width_the_runtime_refuses() -> None:
+    """The issue's 10M x 3 table (and a 6-wide one), too big for one rank: planned row-wise, and accepted."""
+    topo = Topology(world_size=2, local_world_size=2, device="cpu", hbm_gib=0.12, batch_size_per_rank=64)
+    specs = [TableSpec("big", 10_000_000, 3, feature_names=("f",)), TableSpec("six", 1000, 6, feature_names=("g",))]
+    planned = plan(specs, topo, time_budget_s=1.0)
+    assert planned.placement("big").sharding_type is ST.ROW_WISE
+    check_plan(specs, planned, 2, True, "test")
+    for rank in range(2):
+        routing = build_routing(specs, planned, rank, 2, True, {}, frozenset({"sgd", "adagrad", "rowwise_adagrad"}))
+        assert {k.impl for k in routing.kernels} == {"torch"}
+
+
+def test_check_plan_names_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="'tw'.num_embeddings is 31 but the plan has 30"):
         check_plan([SPECS[0], TableSpec("tw", 31, 12, feature_names=("g",)), SPECS[2]], PLAN, 3, True, "test")
     with pytest.raises(ValueError, match="plan is for 3 ranks but the process group has 2"):
