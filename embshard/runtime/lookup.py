@@ -12,6 +12,10 @@ FBGEMM runs them with its summing kernel over one-id bags (each feature padded w
 bags to the largest feature's id count): on CPU its unpooled PoolingMode.NONE kernel is
 ~10x slower in backward, and its variable-batch (VBE) forward grows faster than linearly
 with the number of ids.
+
+Both kernels count updates, not forwards (`UpdateCounting`): ``step`` is the number of updates
+applied, and adam's bias correction for the next one uses t = step + 1. Eval and no-grad
+forwards (the kernels are no submodules: ``model.eval()`` does not reach them) change nothing.
 """
 
 from __future__ import annotations
@@ -58,15 +62,56 @@ def init_block(table: str, num_embeddings: int, num_rows: int, num_cols: int, ro
     return (torch.rand((num_rows, num_cols), generator=gen) * 2 - 1) * num_embeddings ** -0.5
 
 
-class FbgemmKernel(nn.Module):
-    """FBGEMM `SplitTableBatchedEmbeddingBagsCodegen` over a rank's blocks of one kind."""
+class UpdateCounting(nn.Module):
+    """``step``: updates applied so far (adam's t of the last one), counted by `count_update` when an
+    update is applied (in backward, or by `DenseReplicas` after its all-reduce), never in forward.
+    Kept on the CPU: reading it never waits for a GPU."""
+
+    def __init__(self, optimizer: str) -> None:
+        super().__init__()
+        self.optimizer = optimizer
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64))
+
+    def count_update(self) -> int:
+        """Count one update; returns the updates so far, this one included (its adam t)."""
+        self.step += 1
+        return int(self.step)
+
+    def step_state(self) -> dict[str, Tensor]:
+        """The counter as optimizer state (adam's only: the other optimizers do not use it)."""
+        return {"step": self.step} if self.optimizer == "adam" else {}
+
+
+class _CountUpdate(torch.autograd.Function):
+    """Identity on a kernel's output whose backward counts the update the kernel's backward applies."""
+
+    @staticmethod
+    def forward(ctx, out: Tensor, kernel: UpdateCounting) -> Tensor:
+        ctx.kernel = kernel
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.kernel.count_update()
+        return grad, None
+
+
+class FbgemmKernel(UpdateCounting):
+    """FBGEMM `SplitTableBatchedEmbeddingBagsCodegen` over a rank's blocks of one kind.
+
+    FBGEMM's TBE adds 1 to its own counters (``iter_cpu``, ``iter``) in every forward of adam
+    (and, on CPU, rowwise adagrad), eval forwards included, and passes the result to that
+    forward's backward as adam's t. Each forward here first sets them to ``step``, so the
+    update a forward leads to uses t = step + 1 whatever forwards ran before; its backward
+    counts the update (`_CountUpdate`).
+    """
 
     def __init__(self, spec: KernelSpec, pooled: bool, dtypes: Sequence[str], config: OptimizerConfig,
                  device: torch.device) -> None:
-        super().__init__()
+        super().__init__(spec.optimizer)
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
         location, compute = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if device.type == "cuda" else (EmbeddingLocation.HOST, ComputeDevice.CPU)
-        self.optimizer, self.pooled = spec.optimizer, pooled
+        self.pooled = pooled
         assert pooled or len({b.num_cols for b in spec.blocks}) == 1, "a sequence kernel holds blocks of one width"
         self.dim = spec.blocks[0].num_cols
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
@@ -86,9 +131,14 @@ class FbgemmKernel(nn.Module):
 
     def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None,
                 ids_per_feature_rank: list[list[int]] | None = None) -> Tensor:
+        updates = int(self.step)
+        self.tbe.iter_cpu.fill_(updates)  # the TBE adds 1: this forward's update uses t = updates + 1
+        self.tbe.iter.fill_(updates)  # (the TBE reloads iter_cpu from iter when it reads 0)
         if self.pooled:
-            return self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
-        return one_id_bag_rows(self.tbe, self.dim, indices, ids_per_feature_rank)
+            out = self.tbe(indices, offsets, per_sample_weights=per_sample_weights)
+        else:
+            out = one_id_bag_rows(self.tbe, self.dim, indices, ids_per_feature_rank)
+        return _CountUpdate.apply(out, self) if out.requires_grad else out
 
     def block_weights(self) -> list[Tensor]:
         return list(self.tbe.split_embedding_weights())
@@ -96,29 +146,23 @@ class FbgemmKernel(nn.Module):
     def block_states(self) -> list[dict[str, Tensor]]:
         """Per block: its optimizer state tensors, and for adam the kernel's step counter (shared)."""
         names = list(state_shapes(self.optimizer, 1, 1))
-        step = {"step": self.tbe.iter.view(())} if self.optimizer == "adam" else {}
         if not names:
             return [{} for _ in self.block_weights()]
-        return [{**dict(zip(names, states)), **step} for states in self.tbe.split_optimizer_states()]
+        return [{**dict(zip(names, states)), **self.step_state()} for states in self.tbe.split_optimizer_states()]
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self.tbe.set_learning_rate(learning_rate)
 
-    def count_update(self) -> int:
-        """Updates so far, this one included (adam's t), for an update applied outside backward:
-        the kernel's forward already counted it."""
-        return int(self.tbe.iter.item())
 
-
-class TorchKernel(nn.Module):
-    """Same contract as `FbgemmKernel`, in torch ops, for blocks of one width."""
+class TorchKernel(UpdateCounting):
+    """Same contract as `FbgemmKernel`, in torch ops, for blocks of one width (its backward counts its update)."""
 
     def __init__(self, spec: KernelSpec, pooled: bool, dtypes: Sequence[str], config: OptimizerConfig,
                  device: torch.device) -> None:
-        super().__init__()
+        super().__init__(spec.optimizer)
         assert len({b.num_cols for b in spec.blocks}) == 1, "the torch kernel holds blocks of one width"
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
-        self.pooled, self.optimizer, self.config = pooled, spec.optimizer, config
+        self.pooled, self.config = pooled, config
         self.learning_rate = config.learning_rate
         self.dim = spec.blocks[0].num_cols
         self.num_rows = [b.num_rows for b in spec.blocks]
@@ -129,7 +173,6 @@ class TorchKernel(nn.Module):
         self.state = new_state(self.optimizer, total_rows, self.dim, device)
         for name, tensor in self.state.items():
             self.register_buffer(f"state_{name}", tensor)
-        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))  # updates so far (adam's t)
         # Backward runs only for inputs that need a gradient; this one always does.
         self.placeholder = nn.Parameter(torch.zeros(0, device=device))
 
@@ -146,16 +189,10 @@ class TorchKernel(nn.Module):
 
     def block_states(self) -> list[dict[str, Tensor]]:
         per_name = {name: t.split(self.num_rows) for name, t in self.state.items()}
-        step = {"step": self.step} if self.optimizer == "adam" else {}
-        return [{**{name: parts[i] for name, parts in per_name.items()}, **step} for i in range(len(self.num_rows))]
+        return [{**{name: parts[i] for name, parts in per_name.items()}, **self.step_state()} for i in range(len(self.num_rows))]
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self.learning_rate = learning_rate
-
-    def count_update(self) -> int:
-        """Count one update applied outside backward; returns the updates so far (adam's t)."""
-        self.step += 1
-        return int(self.step)
 
     def update(self, rows_N: Tensor, grad_ND: Tensor) -> None:
         """Sum the per-id gradients by row and apply the optimizer to those rows."""

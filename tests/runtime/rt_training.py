@@ -150,8 +150,9 @@ def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bo
 
 def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
           weighted: bool = False, mean: bool = False, seed: int = 0, data_parallel_mode: str | None = None,
-          empty_ranks: bool = False):
-    """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors)."""
+          empty_ranks: bool = False, eval_forwards: bool = False):
+    """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors).
+    eval_forwards: after each update, forwards without backward (no-grad, and in eval mode) that must change nothing."""
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
     tables = full_tables(specs, seed)
     sharded = make_collection(specs, plan, pg, pooled, weighted, mean, data_parallel_mode)
@@ -179,6 +180,12 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
         ref_loss.backward()
         touched = {s.name: torch.cat([global_batch(batches)[f][1] for f in s.feature_names]) for s in specs}
         ref_opt.step(ref_weights(ref, specs), touched)
+        if eval_forwards:
+            with torch.no_grad():
+                sharded(kjt(batches[rank], feats, weighted))
+            sharded.eval()
+            sharded(kjt(batches[rank], feats, weighted))  # a graph that is never backpropagated
+            sharded.train()
     errors.update(compare_shards(sharded, ref, ref_opt, specs))
     errors["moved"] = max(float((shard.weight - tables[name][shard.rows, shard.cols]).abs().max())
                           for name, shard in sharded.state_dict().items())
@@ -318,6 +325,12 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
         SEQUENCE, mixed_sequence, pg, pooled=False, seed=27, data_parallel_mode="replicated_lookup", **empty)
     cases["mixed-pooled-weighted-mean"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, weighted=True,
                                                                    mean=True, seed=28)
+    # Forwards between steps (eval, no-grad) do not count as updates: adam's bias correction stays the reference's.
+    evals = dict(eval_forwards=True)
+    cases["eval-forwards-pooled"] = lambda pg: run_training(POOLED, mixed_pooled, pg, pooled=True, mean=True, seed=37, **evals)
+    cases["eval-forwards-sequence"] = lambda pg: run_training(SEQUENCE, mixed_sequence, pg, pooled=False, seed=38, **evals)
+    cases["eval-forwards-pooled-replicated_lookup"] = lambda pg: run_training(
+        POOLED, mixed_pooled, pg, pooled=True, seed=39, data_parallel_mode="replicated_lookup", **evals)
     # Any width trains, in every sharding type (column blocks too).
     odd_pooled = make_plan(ODD_POOLED, topo, [ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE, ST.DATA_PARALLEL])
     odd_sequence = make_plan(ODD_SEQUENCE, topo, [ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.DATA_PARALLEL, ST.TABLE_WISE])
