@@ -22,7 +22,7 @@ from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, inpu
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
-from embshard.planner.search.local import local_search
+from embshard.planner.search.local import local_search, rank_order_rows
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
@@ -73,6 +73,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
             state = improved
         bound = max(bound, ilp_bound)
         method += f"+{note}"
+    rank_order_rows(state)
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s,

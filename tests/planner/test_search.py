@@ -14,7 +14,7 @@ from embshard.planner.cost.storage import holder_storage
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.greedy import default_order, greedy
 from embshard.planner.search.ilp import improve_with_ilp
-from embshard.planner.search.local import local_search
+from embshard.planner.search.local import local_search, rank_order_rows
 from embshard.planner.search.problem import build_problem
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
@@ -140,10 +140,18 @@ def test_returned_plan_is_the_placement_the_search_scored(seed):
     specs, topo, constraints = _random_problem(seed)
     problem = build_problem(specs, topo, constraints)
     state, _ = local_search(greedy(problem, default_order(problem)), time.perf_counter() + 1)
-    report = evaluate(specs, topo, placements_of(problem, state), constraints)
-    assert [r.perf.total_ms for r in report.ranks] == pytest.approx(state.costs(), rel=1e-9)
-    assert [r.storage.total_bytes for r in report.ranks] == [m + state.UM for m in state.mem]
-    assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in report.ranks)
+
+    def assert_report_is_the_state():
+        report = evaluate(specs, topo, placements_of(problem, state), constraints)
+        assert [r.perf.total_ms for r in report.ranks] == pytest.approx(state.costs(), rel=1e-9)
+        assert [r.storage.total_bytes for r in report.ranks] == [m + state.UM for m in state.mem]
+        assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in report.ranks)
+
+    assert_report_is_the_state()
+    searched_ms = max(state.costs())
+    rank_order_rows(state)
+    assert max(state.costs()) <= searched_ms + 1e-9
+    assert_report_is_the_state()
     p = plan(specs, topo, constraints, time_budget_s=0.5)
     assert p.max_rank_ms == pytest.approx(p.search["scored_ms"], rel=1e-9)
     assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
