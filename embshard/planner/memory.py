@@ -99,6 +99,8 @@ def _check_fixed_buffers(problem: Problem) -> None:
                  f"they take half of the {_gib(cap)})" if half_batch >= 1 else
                  "shrink the model (even one sample per rank fills half of it)")
     hbm_fix = 2 * base / (1 - topo.reserved_fraction) / GIB
+    step = 10.0 ** (math.floor(math.log10(hbm_fix)) - 2)
+    hbm_fix = math.ceil(hbm_fix / step) * step  # three significant digits, rounded up
     reserve_fix = (", or a smaller topology.reserved_fraction if the dense model needs less than "
                    f"{_gib(topo.reserved_bytes)}" if base < topo.rank_memory_bytes else "")
     raise PlanInfeasibleError(
@@ -106,7 +108,7 @@ def _check_fixed_buffers(problem: Problem) -> None:
         f"{_gib(topo.reserved_bytes)} reserved for dense parameters and activations (topology.reserved_fraction="
         f"{topo.reserved_fraction:g}), but every rank needs {_gib(base)} of buffers for its own {B} samples ({outputs} of "
         f"every table; topology.batch_size_per_rank) whatever the layout, and more ranks do not shrink them. Fix: raise "
-        f"topology.hbm_gib to {hbm_fix:.2f} or more (half of it then left for the tables), or {batch_fix}{reserve_fix}")
+        f"topology.hbm_gib to {hbm_fix:.3g} or more (half of it then left for the tables), or {batch_fix}{reserve_fix}")
 
 
 def largest_need(cv: CandVec) -> Storage:
