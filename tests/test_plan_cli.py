@@ -43,6 +43,8 @@ tables:
 BAD = {
     "bad_spec": (["--config-dir", "{user}", "tables=badspec"], "tables[1] (b).num_embeddings: must be a positive integer, got -5"),
     "infeasible": (["topology.world_size=2", "topology.local_world_size=2", "topology.hbm_gib=0.05"], "cat_2"),
+    "buffers_fill_rank": (["topology.hbm_gib=0.5", "topology.batch_size_per_rank=65536"],
+                          "every rank needs 1.62 GiB of buffers for its own 65536 samples"),
     "not_whole_hosts": (["topology.world_size=12"], "topology.world_size: 12 is not a multiple of local_world_size 8"),
     "unknown_sharding_type": (["+constraints.tables.cat_0.sharding_types=[bogus]"], "unknown sharding type 'bogus'"),
     "constraint_missing_table": (["constraints.keep_together=[[cat_0,nope]]"], "constraints.keep_together[0]: no table named 'nope'"),

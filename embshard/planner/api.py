@@ -10,30 +10,28 @@ one imported from TorchRec are scored by exactly the same code.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Sequence
 
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
+from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
-from embshard.planner.search.local import local_search
+from embshard.planner.search.local import local_search, rank_order_rows
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import COMPUTE_KERNEL, Constraints, Shard, ShardingType, Storage
 from embshard.specs import TableSpec
-from embshard.topology import GIB, Topology
+from embshard.topology import Topology
 
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
-
-
-class PlanInfeasibleError(ValueError):
-    """The tables cannot fit the topology's memory; the message says which and what would fix it."""
 
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
@@ -75,10 +73,15 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
             state = improved
         bound = max(bound, ilp_bound)
         method += f"+{note}"
+    rank_order_rows(state)
     placements = placements_of(problem, state)
+    scored_ms = max(state.costs())
     search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s,
-              "torchrec_compatible": torchrec_compatible, "inference": inference}
-    return evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
+              "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
+    result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
+    assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
+        f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
+    return result
 
 
 def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[RankState, str]:
@@ -106,7 +109,7 @@ def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[
         if obj < best_obj:
             best, best_obj, method = state, obj, f"{name}+local_search({steps} steps)"
     if best is None:
-        raise PlanInfeasibleError(_fragmentation_message(problem, failure.unit_index))
+        raise PlanInfeasibleError(fragmentation_message(problem, failure.unit_index))
     return best, method
 
 
@@ -114,7 +117,8 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
              constraints: Constraints | None = None, *, lower_bound: float | None = None,
              search: Mapping | None = None, inference: bool = False) -> ShardingPlan:
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
-    search minimises): per-rank perf by phase, memory, lower bound."""
+    search minimises): per-rank perf by phase, memory, lower bound. PlanInfeasibleError if a
+    rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`)."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
@@ -130,8 +134,10 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
                                                                inference)
+    used = [s + every_storage for s in storage]
+    check_caps(used, topology)
     perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
-    ranks = tuple(RankReport(r, perfs[r], storage[r] + every_storage) for r in range(W))
+    ranks = tuple(RankReport(r, perfs[r], used[r]) for r in range(W))
     if lower_bound is None:
         problem = build_problem(specs, topology, constraints, inference=inference)
         check_memory(problem)
@@ -190,11 +196,9 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
         for table, cand in zip(unit.tables, cv.cand):
             if cv.data_parallel:
                 shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
-            else:
-                # row blocks go to their ranks in rank order (TorchRec's convention; the
-                # blocks differ at most in the last one, so the search's choice stands)
-                order = sorted(ranks) if cand.sharding_type.splits_rows else ranks
-                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(order, cand.blocks))
+            else:  # block i on ranks[i], as the search scored it (the runtime routes rows by offset)
+                assert not (problem.rank_ordered_rows and cand.sharding_type.splits_rows) or list(ranks) == sorted(ranks)
+                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))
             out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
     return out
 
@@ -204,39 +208,3 @@ def _check_constraint_names(specs: tuple[TableSpec, ...], constraints: Constrain
     for n in list(constraints.tables) + [n for g in constraints.keep_together for n in g]:
         if n not in names:
             raise ValueError(f"constraints: no table named {n!r}; constraints must name tables from the tables list")
-
-
-def check_memory(problem: Problem) -> None:
-    """Raise PlanInfeasibleError naming tables that cannot fit, by how much, and fixes."""
-    topo, cap = problem.topo, problem.free_bytes
-    too_big = []
-    for unit in problem.units:
-        need = min(max(cv.shard_mem, default=0) + cv.every_mem for cv in unit.cands)
-        if need > cap:
-            best = min(unit.cands, key=lambda cv: max(cv.shard_mem, default=0) + cv.every_mem)
-            too_big.append(f"{unit.name} needs {need / GIB:.2f} GiB on one rank even as {best.label} "
-                           f"({(need - cap) / GIB:.2f} GiB over)")
-    if too_big:
-        raise PlanInfeasibleError(
-            f"infeasible: {len(too_big)} table(s) cannot fit a rank's {cap / GIB:.2f} GiB shard budget "
-            f"(hbm_gib={topo.hbm_gib:g} minus {topo.reserved_fraction:.0%} reserved and {problem.base_mem / GIB:.2f} GiB of output buffers): {'; '.join(too_big[:5])}"
-            f"{' ...' if len(too_big) > 5 else ''}. Fix: raise topology.hbm_gib, add ranks, allow row_wise/column_wise "
-            f"for these tables, use dtype fp16 (or int8 when serving), or a lighter optimizer (sgd/rowwise_adagrad)")
-    W = topo.world_size
-    total = sum(min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units)
-    if total > W * cap:
-        biggest = sorted(problem.units, key=lambda u: -min(sum(cv.shard_mem) for cv in u.cands))[:3]
-        need_gib = total / W / GIB / (1 - topo.reserved_fraction)
-        raise PlanInfeasibleError(
-            f"infeasible: the tables need {total / GIB:.1f} GiB in all but {W} ranks x {cap / GIB:.2f} GiB = "
-            f"{W * cap / GIB:.1f} GiB are available ({(total - W * cap) / GIB:.1f} GiB short; largest: "
-            f"{', '.join(u.name for u in biggest)}). Fix: topology.hbm_gib >= {need_gib:.1f}, more ranks, fp16 tables "
-            f"(int8 when serving), or a lighter optimizer")
-
-
-def _fragmentation_message(problem: Problem, unit_index: int) -> str:
-    unit = problem.units[unit_index]
-    cap = problem.cap_bytes
-    return (f"infeasible: no rank has room left for {unit.name} in any allowed layout after placing larger tables "
-            f"(per-rank shard budget {cap / GIB:.2f} GiB). Fix: raise topology.hbm_gib, add ranks, or allow "
-            f"row_wise for {unit.name}")

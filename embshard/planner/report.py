@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.table import Table
@@ -16,6 +17,9 @@ from rich.table import Table
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Perf, ShardingType, Storage
 from embshard.topology import GIB
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # (Perf field, column header, chart legend), in the order a step runs them.
 PHASES = (
@@ -119,19 +123,42 @@ def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def save_chart(plan: ShardingPlan, path: str | Path) -> None:
-    """PNG with per-rank predicted ms stacked by phase (top) and memory vs the cap (bottom)."""
+MAX_RANK_TICKS = 16  # the rank axis labels every rank up to this many, else every k-th (k a power of two)
+LABELLED_BARS = 16  # memory bars carry their value up to this many ranks
+CAP_IN_VIEW = 2.0  # the memory axis reaches the cap when the fullest rank holds at least 1/CAP_IN_VIEW of it
+
+
+def rank_ticks(world_size: int) -> list[int]:
+    """Integer rank ticks: every rank, or every k-th from 0 with k the smallest power of two that
+    keeps at most MAX_RANK_TICKS (multiples of a host's size on power-of-two hosts)."""
+    step = 1
+    while world_size > step * MAX_RANK_TICKS:
+        step *= 2
+    return list(range(0, world_size, step))
+
+
+def memory_unit(max_bytes: float) -> tuple[str, int]:
+    """GiB for a GiB or more, else MiB: the axis shows the values, not rows of zeros."""
+    return ("GiB", GIB) if max_bytes >= GIB else ("MiB", 2**20)
+
+
+def chart(plan: ShardingPlan) -> "Figure":
+    """The figure `save_chart` writes: per-rank predicted ms stacked by phase (top) and memory
+    stacked by kind (bottom) on an axis scaled to the fullest rank, the cap drawn when it is
+    in view and named in the title either way; integer rank ticks at any world size."""
     # Imported here: matplotlib costs ~1 s at import, and only the chart needs it.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator
 
     ranks = [r.rank for r in plan.ranks]
-    width = 0.8 if len(ranks) <= 64 else 1.0
-    fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * len(ranks))), 7.5), layout="constrained")
+    W = len(ranks)
+    width = 0.8 if W <= 64 else 1.0
+    fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * W)), 7.5), layout="constrained")
     FigureCanvasAgg(fig)
     load_ax, mem_ax = fig.subplots(2, 1, sharex=True)
 
-    bottom = [0.0] * len(ranks)
+    bottom = [0.0] * W
     for name, _, label in PHASES:
         values = [getattr(r.perf, name) for r in plan.ranks]
         if any(values):
@@ -142,18 +169,39 @@ def save_chart(plan: ShardingPlan, path: str | Path) -> None:
     load_ax.set_title(f"objective {plan.max_rank_ms:.3f} ms, gap {percent(plan.gap)}, imbalance {plan.imbalance:.3f}")
     load_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
 
-    bottom = [0.0] * len(ranks)
+    used = [r.storage.total_bytes for r in plan.ranks]
+    cap_bytes = plan.topology.shard_memory_cap_bytes
+    fullest = max(range(W), key=used.__getitem__)
+    unit, scale = memory_unit(max(used))
+    bottom = [0.0] * W
     for name, label in MEMORY_PARTS:
-        values = [getattr(r.storage, name) / GIB for r in plan.ranks]
-        if not any(values):
-            continue
-        mem_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    cap_gib = plan.topology.shard_memory_cap_bytes / GIB
-    mem_ax.axhline(cap_gib, color="red", linestyle="--", linewidth=1, label=f"cap {cap_gib:.1f} GiB")
-    mem_ax.set_ylabel("GiB per rank")
+        values = [getattr(r.storage, name) / scale for r in plan.ranks]
+        if any(values):
+            mem_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    cap = cap_bytes / scale
+    cap_in_view = max(used) * CAP_IN_VIEW >= cap_bytes
+    if cap_in_view:
+        mem_ax.axhline(cap, color="red", linestyle="--", linewidth=1, label=f"cap {cap:.1f} {unit}")
+        mem_ax.set_ylim(0, 1.05 * max(cap, max(bottom)))
+    else:  # a line far above the bars would flatten them: scale to the data, name the cap in the title
+        mem_ax.set_ylim(0, 1.2 * max(bottom) or 1.0)
+    if W <= LABELLED_BARS:
+        for r, top in zip(ranks, bottom):
+            mem_ax.annotate(f"{top:.3g}", (r, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                            fontsize="small")
+    mem_ax.set_title(f"memory: fullest rank {ranks[fullest]} holds {used[fullest] / scale:.3g} {unit}, "
+                     f"{percent(used[fullest] / cap_bytes)} of the {cap_bytes / GIB:.3g} GiB cap"
+                     f"{'' if cap_in_view else ' (cap off scale)'}", fontsize="medium")
+    mem_ax.set_ylabel(f"{unit} per rank")
     mem_ax.set_xlabel("rank")
     mem_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    mem_ax.xaxis.set_major_locator(FixedLocator(rank_ticks(W)))
+    mem_ax.set_xlim(-0.5 - 0.1 * width, W - 0.5 + 0.1 * width)
+    return fig
 
+
+def save_chart(plan: ShardingPlan, path: str | Path) -> None:
+    """Write `chart(plan)` as a PNG (100 dpi)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    chart(plan).savefig(path, dpi=100)

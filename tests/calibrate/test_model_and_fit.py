@@ -13,7 +13,7 @@ from embshard.calibrate.fit import TERMS, Sample, fit, unit_topology
 from embshard.calibrate.kernels import KernelPoint
 from embshard.calibrate.measure import PHASES
 from embshard.calibrate.synthetic import bench_tables, random_plan
-from embshard.planner import plan
+from embshard.planner import evaluate, plan
 from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf, rank_perfs
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
@@ -32,9 +32,23 @@ def test_defaults_are_the_datasheet_model():
     topo = Topology(world_size=8, local_world_size=4, hbm_gib=32)
     assert topo.full_duplex and all(getattr(topo, t) == 0.0 for t in CALIBRATED_TERMS)
     assert all(getattr(topo, f) == 1.0 for f in PHASE_FACTORS)
+    assert fixed_perf(topo, 2, 10) == Perf()  # no fixed cost per collection or kernel call
     specs = generate_tables(30, seed=2, sequence_fraction=0.3)
     p = plan(specs, topo, time_budget_s=1)
-    assert [x.to_dict() for x in rank_perfs(specs, topo, p.tables)] == [r.perf.to_dict() for r in p.ranks]
+    assert {t.sharding_type for t in p.tables} >= {ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL}
+
+    # The datasheet model is bytes over bandwidths: twice every bandwidth halves every phase of every rank.
+    def faster(t: Topology, k: float) -> Topology:
+        return replace(t, hbm_gb_per_s=k * t.hbm_gb_per_s, intra_host_gb_per_s=k * t.intra_host_gb_per_s,
+                       inter_host_gb_per_s=k * t.inter_host_gb_per_s)
+
+    halved = evaluate(specs, faster(topo, 2), p.tables)
+    for slow, fast in zip(p.ranks, halved.ranks):
+        assert fast.perf.to_dict() == pytest.approx({k: v / 2 for k, v in slow.perf.to_dict().items()}, rel=1e-12)
+        assert slow.perf.input_dist_ms > 0 and slow.perf.lookup_bwd_ms > 0 and slow.perf.dp_allreduce_ms > 0
+    # ... which a calibrated term (work that is not bytes) breaks
+    latency = replace(topo, collective_ms=0.01)
+    assert evaluate(specs, faster(latency, 2), p.tables).max_rank_ms > 0.51 * evaluate(specs, latency, p.tables).max_rank_ms
 
 
 def test_terms_apply_where_documented():

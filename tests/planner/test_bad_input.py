@@ -1,8 +1,10 @@
 """Bad table specs, topologies and constraints are rejected with the field's path."""
 
+import re
+
 import pytest
 
-from embshard.planner import Constraints, PlanInfeasibleError, plan
+from embshard.planner import Constraints, PlanInfeasibleError, ShardingType, TableConstraint, plan
 from embshard.specs import TableSpec, load_tables_file, tables_from_list
 from embshard.topology import Topology
 
@@ -47,8 +49,45 @@ def test_bad_constraints(raw, message):
 def test_infeasible_names_tables_and_fix():
     specs = [TableSpec("huge", 100_000_000, 256), TableSpec("ok", 100, 8)]
     topo = Topology(world_size=2, local_world_size=2, hbm_gib=4)
-    with pytest.raises(PlanInfeasibleError, match=r"huge needs .* GiB on one rank even as RW2 .*GiB over.*Fix: raise topology\.hbm_gib"):
+    with pytest.raises(PlanInfeasibleError, match=r"huge needs 47\.87 GiB on one rank even as RW2 \(weights 47\.68 GiB; 44\.27 GiB over\)"
+                       r".*Fix: raise topology\.hbm_gib, add ranks") as e:
         plan(specs, topo, time_budget_s=1)
+    assert "batch_size_per_rank (" not in str(e.value)  # the buffers are not what is in the way
+
+
+def test_output_buffers_that_fill_a_rank_are_named_with_the_batch_size_fix():
+    # 20 tables x 128 dims x 65,536 samples: 1.25 GiB of outputs and gradients on every rank, whatever the layout
+    specs = [TableSpec(f"t{i}", 1000, 128) for i in range(20)]
+    topo = Topology(world_size=8, local_world_size=8, hbm_gib=0.5, batch_size_per_rank=65536)
+    with pytest.raises(PlanInfeasibleError) as e:
+        plan(specs, topo, time_budget_s=1)
+    message = str(e.value)
+    assert message.startswith("infeasible: the output buffers alone do not fit a rank: hbm_gib=0.5 leaves 0.45 GiB after 0.05 GiB "
+                              "reserved for dense parameters and activations (topology.reserved_fraction=0.1), but every rank needs "
+                              "1.25 GiB of buffers for its own 65536 samples")
+    assert "more ranks do not shrink them" in message and "add ranks" not in message
+    assert not re.search(r"-\d", message)  # no negative budget
+    fixed = re.search(r"lower topology\.batch_size_per_rank to (\d+) or less", message)
+    hbm = re.search(r"raise topology\.hbm_gib to ([\d.]+) or more", message)
+    assert fixed and hbm and int(fixed[1]) == 11796  # 65536 x 0.45 / 1.25 / 2
+    # either fix really plans
+    for fix in ({"batch_size_per_rank": int(fixed[1])}, {"hbm_gib": float(hbm[1])}):
+        p = plan(specs, Topology(**{**topo.to_dict(), **fix}), time_budget_s=0.5)
+        assert max(r.storage.total_bytes for r in p.ranks) <= p.topology.shard_memory_cap_bytes
+
+
+def test_batch_sized_shard_buffers_name_the_batch_size():
+    # table-wise or row-wise, a shard holds every sample's output (row blocks each send a partial sum)
+    specs = [TableSpec("wide", 1000, 256)]
+    topo = Topology(world_size=8, local_world_size=8, hbm_gib=1, batch_size_per_rank=131072)
+    only = Constraints(tables={"wide": TableConstraint(sharding_types=(ShardingType.TABLE_WISE, ShardingType.ROW_WISE))})
+    with pytest.raises(PlanInfeasibleError) as e:
+        plan(specs, topo, only, time_budget_s=1)
+    assert re.search(r"wide needs 2\.01 GiB on one rank even as RW8 \(I/O buffers 2\.00 GiB; 1\.36 GiB over\)\. Fix: raise "
+                     r"topology\.hbm_gib, allow column_wise for these tables, a smaller topology\.batch_size_per_rank \(buffers that "
+                     r"scale with it take 2\.25 GiB of the rank\)$", str(e.value)), str(e.value)
+    assert "0.25 GiB of output buffers for the rank's own 131072 samples" in str(e.value)
+    assert "add ranks" not in str(e.value)  # more ranks, a larger global batch: more buffers per shard
 
 
 def test_aggregate_infeasible_names_shortfall():

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement
-from embshard.planner.report import rank_table, save_chart, shards_per_rank, sharding_type_counts, summary
+from embshard.planner.report import chart, rank_table, save_chart, shards_per_rank, sharding_type_counts, summary
 from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
@@ -86,3 +86,32 @@ def test_save_chart_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = matplotlib.image.imread(path).shape
     assert (width, height) == (800, 750)  # 8 x 7.5 inches at 100 dpi
+
+
+@pytest.mark.parametrize("world_size, ticks", [(2, [0, 1]), (16, list(range(16))), (24, list(range(0, 24, 2))),
+                                               (1024, list(range(0, 1024, 64)))])
+def test_chart_ranks_are_integer_ticks_inside_the_bars(world_size, ticks):
+    load_ax, mem_ax = chart(make_plan(world_size=world_size)).axes[:2]
+    assert list(mem_ax.get_xticks()) == ticks
+    assert mem_ax.xaxis.get_major_formatter().format_ticks(mem_ax.get_xticks()) == [str(t) for t in ticks]
+    low, high = mem_ax.get_xlim()
+    assert -1 < low < -0.4 and world_size - 0.6 < high < world_size  # no empty margin beyond the first and last bar
+    assert load_ax.get_xlim() == (low, high)
+
+
+def test_chart_memory_axis_fits_the_data_and_names_the_cap():
+    # 0.1 and 0.2 GiB used of a 14.4 GiB cap: on a 0-14.4 axis the bars would look empty
+    fig = chart(make_plan(world_size=2, hbm_gib=16))
+    mem_ax = fig.axes[1]
+    used_mib = 0.2 * 1024 + 1024 / 2**20  # rank 1: (1+1)/10 GiB of weights and 1 KiB of optimizer state
+    assert mem_ax.get_ylabel() == "MiB per rank"
+    assert mem_ax.get_ylim() == pytest.approx((0, 1.2 * used_mib), rel=1e-6)
+    assert mem_ax.get_title() == "memory: fullest rank 1 holds 205 MiB, 1.4% of the 14.4 GiB cap (cap off scale)"
+    assert [t.get_text() for t in mem_ax.texts] == ["102", "205"]  # each bar's value
+    assert not mem_ax.get_lines()  # the cap is not drawn far above the bars
+    # 0.2 of a 0.27 GiB cap: the cap is in view, drawn as a line
+    mem_ax = chart(make_plan(world_size=2, hbm_gib=0.3)).axes[1]
+    cap_mib = 0.3 * 0.9 * 1024
+    assert [line.get_ydata()[0] for line in mem_ax.get_lines()] == pytest.approx([cap_mib])
+    assert mem_ax.get_ylim() == pytest.approx((0, 1.05 * cap_mib), rel=1e-6)
+    assert mem_ax.get_title().endswith("74.1% of the 0.27 GiB cap")

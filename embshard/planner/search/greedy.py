@@ -56,7 +56,8 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
 
 
 def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -> tuple[int, ...] | None:
-    """Largest shard first onto the cheapest rank with room (ranks are cheapest first)."""
+    """Largest shard first onto the cheapest rank with room (ranks are cheapest first); with the
+    problem's rank_ordered_rows, row blocks then go to those ranks in rank order."""
     if len(ranks) < cv.num_shards:
         return None
     room = state.problem.cap_bytes - state.UM - cv.every_mem
@@ -77,6 +78,11 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
                 return None
             out[i] = ranks[pos]
             pos += 1
+    if state.problem.rank_ordered_rows and cv.cand[0].sharding_type.splits_rows:
+        # row block i on the i-th of the chosen ranks (TorchRec's layout); blocks differ only in the last
+        out = sorted(out)
+        if any(mem[r] + cv.shard_mem[i] > room for i, r in enumerate(out)):
+            return None
     return tuple(out)
 
 

@@ -5,6 +5,7 @@ it. Re-sharding (split a hot table further, merge it back, replicate it, or swit
 type) removes the table and places another candidate greedily; it is accepted when a
 smooth maximum (the 32-norm of rank times) falls and the maximum rises at most 2%, which
 lets replication help several slow ranks at once. The best state seen is returned.
+`rank_order_rows` then puts row blocks in rank order wherever that costs the objective nothing.
 """
 
 from __future__ import annotations
@@ -188,3 +189,26 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
     if snapshot is not None and snapshot_max < max(state.costs()) - EPS:
         return snapshot, steps
     return state, steps
+
+
+def rank_order_rows(state: RankState) -> int:
+    """Put each row-split table's blocks on its ranks in rank order where that lifts no rank
+    above the current maximum and fits (TorchRec runs only that layout; the blocks differ only
+    in the last one, so it is usually free). Returns the tables reordered; `state` is modified."""
+    units, changed = state.problem.units, 0
+    for ui, choice in enumerate(state.choice):
+        ci, ranks = choice
+        cv = units[ui].cands[ci]
+        if not cv.cand[0].sharding_type.splits_rows or list(ranks) == sorted(ranks):
+            continue
+        cmax = max(state.costs())
+        state.remove(ui)
+        ordered = tuple(sorted(ranks))
+        if all(state.fits(r, cv.shard_mem[i]) for i, r in enumerate(ordered)):
+            state.add(ui, ci, ordered)
+            if max(state.costs()) <= cmax + EPS:
+                changed += 1
+                continue
+            state.remove(ui)
+        state.add(ui, ci, ranks)
+    return changed

@@ -117,6 +117,8 @@ class Problem:
     base_mem: int  # bytes every rank holds whatever the layout (its own samples' output buffers)
     base_ms: float = 0.0  # time every rank spends whatever the layout (fixed per-collection costs)
     call_ms: float = 0.0  # fixed cost of each lookup kernel a rank runs
+    inference: bool = False  # forward-only costs and storage (serving)
+    rank_ordered_rows: bool = False  # row blocks go to their ranks in rank order (TorchRec's layout: torchrec_compatible)
 
     @property
     def free_bytes(self) -> int:
@@ -175,7 +177,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     base_mem = sum(requester_storage(s, topo, inference).total_bytes for s in specs)
     fixed = fixed_perf(topo, num_collections(specs), 0)
     base_ms = (forward_only(fixed) if inference else fixed).total_ms
-    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms)
+    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms, inference, torchrec_compatible)
 
 
 class RankState:
