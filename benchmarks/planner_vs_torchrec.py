@@ -167,7 +167,12 @@ def score(workload: str, specs: tuple[TableSpec, ...], topo: Topology, entry: di
     row = {"case": f"{workload} W={topo.world_size}", "hbm_gib": topo.hbm_gib, "es_status": es["status"], "tr_status": tr["status"],
            "es_detail": es.get("detail", ""), "tr_detail": tr.get("detail", "")}
     es_plan = ShardingPlan.from_dict(es["plan"]) if es["status"] == "ok" else None
-    tr_plan = evaluate(specs, topo, ShardingPlan.from_dict(tr["plan"]).tables) if tr["status"] == "ok" else None
+    tr_plan = None
+    if tr["status"] == "ok":
+        try:  # TorchRec's own memory model may place more on a rank than embshard's cap allows
+            tr_plan = evaluate(specs, topo, ShardingPlan.from_dict(tr["plan"]).tables)
+        except PlanInfeasibleError as e:
+            row.update(tr_status="over_cap", tr_detail=f"over embshard's memory cap: {str(e).splitlines()[0]}")
     if es_plan:
         tr_ms, why = torchrec_model_ms(es_plan)
         row.update(es_wall_s=es["wall_s"], es_es_ms=es_plan.max_rank_ms, es_tr_ms=tr_ms, es_tr_why=why,
