@@ -5,7 +5,7 @@ shards, nothing is gathered, and a checkpoint loads into any plan and world size
     load(path, parts, ctx)                                    -> what the run needs to continue
 
 Layout of ``step_NNNNNN/``: DCP's files (``.metadata``, ``__R_0.distcp``), ``train_state.json``
-(step, samples consumed, tables, dense shapes, optimizer) and ``rank_R.json`` (RNG and data
+(step, samples consumed, tables, dense shapes, optimizer, every other file's SHA-256) and ``rank_R.json`` (RNG and data
 position of rank R). Tensors are keyed ``tables.NAME.weight`` / ``tables.NAME.STATE`` (a
 ShardedTensor of the full table's shape, or a plain tensor for data-parallel tables),
 ``dense.PARAM`` and ``dense_optim.PARAM.STATE``. Row-wise optimizer state (one value per
@@ -280,10 +280,13 @@ def check(path: Path, parts: Parts) -> None:
 def read_info(path: Path) -> dict[str, Any]:
     try:
         info = json.loads((path / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise ValueError(f"checkpoint {path}: {STATE_FILE} is unreadable or corrupt ({e})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != VERSION:
         raise ValueError(f"checkpoint {path}: not an embshard-train checkpoint of version {VERSION}")
+    missing = [k for k in ("step", "world_size", "tables", "dense", "dense_optimizer") if k not in info]
+    if missing:
+        raise ValueError(f"checkpoint {path}: {STATE_FILE} lacks {missing}; it is corrupt")
     return info
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,8 @@ def corrupt(src: Path, dst: Path, how: str, legacy: bool = False) -> None:
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
     elif how == "state":
         (dst / "train_state.json").write_text("{not json")
+    elif how == "state_keys":
+        (dst / "train_state.json").write_text('{"format": "embshard-train-checkpoint", "version": 1}')
     elif how == "metadata":
         (dst / ".metadata").unlink()
 
@@ -136,6 +139,7 @@ def corrupt(src: Path, dst: Path, how: str, legacy: bool = False) -> None:
     ("pickle", False, "step_000006/.metadata: damaged"),
     ("metadata", False, "step_000006/.metadata: cannot read it (No such file or directory)"),
     ("state", False, "train_state.json is unreadable or corrupt"),
+    ("state_keys", False, "train_state.json lacks ['step', 'world_size', 'tables', 'dense', 'dense_optimizer']"),
     # checkpoints written before checksums: the readers' own defenses
     ("pickle", True, "posix.system is not part of DCP's metadata"),
     ("truncated", True, "cannot read its tensors, the files are corrupt or truncated"),
@@ -147,7 +151,7 @@ def test_corrupt_checkpoint_is_refused(config_dir, trained, tmp_path, how, legac
     corrupt(trained / "step_000006", bad, how, legacy)
     t = trainer(config_dir, tmp_path / "run", "optim=adam")
     before = tables(t)
-    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")), \
+    with pytest.raises(ValueError, match=re.escape(needle)), \
             pytest.warns(checkpoint.CheckpointWarning) if legacy else contextlib.nullcontext():
         checkpoint.load(bad, t.parts, t.ctx)
     assert not Path("/tmp/embshard-pwned").exists()
