@@ -2,7 +2,7 @@
 and leaves the last checkpoint loadable; a corrupt rank file stops every rank before anything claims a
 resume; a 2-rank checkpoint resharded to 3 ranks under another plan trains on as the 2 ranks do.
 
-Two groups, one after the other (about 30 s): 2 ranks train 10 + 20 steps (checkpoint at 10) and try
+Two groups, one after the other (about 40 s of CPU, 60-100 s on a loaded 2-core machine): 2 ranks train 10 + 20 steps (checkpoint at 10) and try
 the failing saves and the corrupt resumes; then 3 ranks resume step 10 under two plans and train the
 same 20 steps. Collectives time out after 30 s, so a hang shows as a slow, failed case, not a stuck suite.
 """
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckpt_worker import LAYOUT_2, LAYOUT_3, MORE_STEPS, STEPS
 from embshard.ports import free_port
