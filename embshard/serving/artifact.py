@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from torch import Tensor
 
+from embshard.fsutil import sha256_file
 from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
 from embshard.serving.quantize import QuantizedBlock
@@ -66,14 +67,6 @@ def model_config(raw: Any, where: str) -> DLRMConfig:
         return value_of(OmegaConf.to_object(merged))
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise ArtifactError(f"{where}: the model settings are invalid ({str(e).splitlines()[0]}); {FIX}") from None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_manifest(folder: Path, world_size: int) -> None:

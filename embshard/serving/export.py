@@ -4,7 +4,8 @@
     export(settings)        # what embshard-export does (embshard/serving/export_cli.py)
 
 Reads the run's config.yaml (tables and model, through the train app's own code) and its
-DCP checkpoint (the latest step, or the step folder given), plans the tables for
+DCP checkpoint (the latest step, or the step folder given; every file it reads verified
+against the checksums it was written with), plans the tables for
 ``world_size`` serving ranks with the planner in inference mode (forward only, weights in
 their serving dtype), then reads one table at a time, cuts it into the plan's blocks,
 quantizes each block (embshard.serving.quantize) and writes the artifact described in
@@ -84,7 +85,8 @@ class TrainingRun:
 
 
 def find_run(path: Path) -> TrainingRun:
-    """The run behind ``path`` (out_dir, checkpoints folder or step folder); ValueError says what is missing."""
+    """The run behind ``path`` (out_dir, checkpoints folder or step folder), its files verified against their
+    checksums; ValueError says what is missing or damaged."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"checkpoint={path}: no such folder; give an embshard-train out_dir, its checkpoints folder "
@@ -92,9 +94,9 @@ def find_run(path: Path) -> TrainingRun:
     if (path / "config.yaml").exists():
         run_dir = path
         raw = _read_config(run_dir)
-        step_dir = checkpoint.resolve(Path(raw["checkpoint"]["dir"] or run_dir / "checkpoints"))
+        step_dir = checkpoint.resolve(Path(raw["checkpoint"]["dir"] or run_dir / "checkpoints"), "checkpoint")
     else:
-        step_dir = checkpoint.resolve(path)
+        step_dir = checkpoint.resolve(path, "checkpoint")
         run_dir = step_dir.parent.parent
         if not (run_dir / "config.yaml").exists():
             raise ValueError(f"checkpoint={path}: no config.yaml in {run_dir}; give the out_dir of the embshard-train run, "
@@ -111,6 +113,7 @@ def find_run(path: Path) -> TrainingRun:
     if saved != {s.name: (s.num_embeddings, s.embedding_dim) for s in specs}:
         raise ValueError(f"checkpoint {step_dir}: its tables {sorted(saved)} do not match {run_dir}/config.yaml's; "
                          "the checkpoint belongs to another run")
+    checkpoint.verify_files(step_dir, info, with_rank_files=False)  # before anything is read or written
     return TrainingRun(step_dir, int(info["step"]), specs, model, raw["topology"])
 
 

@@ -5,7 +5,7 @@ shards, nothing is gathered, and a checkpoint loads into any plan and world size
     load(path, parts, ctx)                                    -> what the run needs to continue
 
 Layout of ``step_NNNNNN/``: DCP's files (``.metadata``, ``__R_0.distcp``), ``train_state.json``
-(step, samples consumed, tables, dense shapes, optimizer) and ``rank_R.json`` (RNG and data
+(step, samples consumed, tables, dense shapes, optimizer, every other file's SHA-256) and ``rank_R.json`` (RNG and data
 position of rank R). Tensors are keyed ``tables.NAME.weight`` / ``tables.NAME.STATE`` (a
 ShardedTensor of the full table's shape, or a plain tensor for data-parallel tables),
 ``dense.PARAM`` and ``dense_optim.PARAM.STATE``. Row-wise optimizer state (one value per
@@ -13,16 +13,20 @@ row and column block) is stored spread over the block's columns, [rows, dim], so
 reshards like the weights and a block reads back exactly.
 
 Safety: a save goes to ``.tmp-step_NNNNNN`` and is renamed when complete, so a failed
-write leaves the previous checkpoint as it was. A load checks the tables, shapes and
-optimizers against the run before touching anything and refuses a mismatch by name; DCP's
-metadata is unpickled with an allow-list of its own classes, and tensors are read with
-``torch.load(weights_only=True)`` (DCP's default reader) -- no arbitrary pickles.
+write leaves the previous checkpoint as it was; each of its steps ends in a verdict shared by
+all ranks, so a failure on one rank (disk full, permission) fails every rank at once. Every
+file's SHA-256 is computed as it is written (embshard.train.checksums) and recorded in
+``train_state.json``; a load verifies the files it reads (split over the ranks), checks the
+tables, shapes and optimizers against the run, and refuses a damaged file or a mismatch by
+name before touching anything. Checkpoints written before checksums load unverified, with a
+CheckpointWarning. DCP's metadata is unpickled with an allow-list of its own classes, and
+tensors are read with ``torch.load(weights_only=True)`` (DCP's default reader) -- no
+arbitrary pickles.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 import warnings
@@ -44,7 +48,8 @@ from embshard.runtime.lookup import TORCH_DTYPE
 from embshard.runtime.optim import state_shapes
 from embshard.runtime.state import TableShard
 from embshard.specs import TableSpec
-from embshard.train.distributed import RankContext, SharedError, barrier, on_main
+from embshard.train.checksums import HashingFileSystem, verify, write_json
+from embshard.train.distributed import RankContext, SharedError, agree, all_gather
 
 FORMAT, VERSION = "embshard-train-checkpoint", 1
 STATE_FILE = "train_state.json"
@@ -57,6 +62,10 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 class CheckpointError(RuntimeError):
     """Writing a checkpoint failed; the previous ones are intact."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint loads, but not as safely as a current one (no checksums to verify)."""
 
 
 @dataclass(frozen=True)
@@ -82,31 +91,50 @@ class Restored:
 # ---- save -------------------------------------------------------------------------------
 def save(root: Path, step: int, parts: Parts, ctx: RankContext, info: dict[str, Any], rank_info: dict[str, Any],
          keep_last: int) -> Path:
+    """Write this rank's part of ``root/step_NNNNNN`` (collective). A failure on any rank raises
+    CheckpointError on every rank, and the previous checkpoints stay as they were."""
     name = f"{STEP_PREFIX}{step:06d}"
     final, tmp = root / name, root / f"{TMP_PREFIX}{name}"
-    try:
+
+    def on_every_rank(fn: Callable[[], Any]) -> Any:
+        def describe(e: BaseException) -> str:
+            return _describe(e) if isinstance(e, CheckpointException) or ctx.world_size == 1 \
+                else f"rank {ctx.rank}: {_describe(e)}"
+
+        try:
+            return agree(ctx, fn, (OSError, CheckpointException), describe)
+        except SharedError as e:
+            raise CheckpointError(f"checkpoint: writing {tmp} failed ({e}); the previous checkpoints in {root} "
+                                  "are intact") from None
+
+    def prepare() -> None:
         if ctx.is_main:
             root.mkdir(parents=True, exist_ok=True)
             for stale in root.glob(f"{TMP_PREFIX}*"):
                 shutil.rmtree(stale)
-        barrier(ctx)
-        tmp.mkdir(parents=True, exist_ok=True)
-        dcp.save(_state_dict(parts, ctx), storage_writer=FileSystemWriter(tmp), process_group=ctx.pg, no_dist=ctx.pg is None)
-    except (OSError, CheckpointException) as e:
-        raise CheckpointError(f"checkpoint: writing {tmp} failed ({_describe(e)}); the previous "
-                              f"checkpoints in {root} are intact") from None
-    _write_json(tmp / f"rank_{ctx.rank}.json", rank_info)
-    barrier(ctx)
-    if ctx.is_main:
-        _write_json(tmp / STATE_FILE, {
-            "format": FORMAT, "version": VERSION, "step": step, "world_size": ctx.world_size, **info,
-            "tables": [{k: getattr(s, k) for k in ("name", "num_embeddings", "embedding_dim", "optimizer", "dtype")}
-                       for s in parts.specs],
-            "dense": {n: list(p.shape) for n, p in parts.dense}, "dense_optimizer": parts.optimizer_name})
-        swap_in(tmp, final, root / f"{TMP_PREFIX}old-{name}")
-        for stale in sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())[:-keep_last]:
-            shutil.rmtree(stale)
-    barrier(ctx)
+            tmp.mkdir()
+
+    def write_rank_files() -> dict[str, Any]:
+        writer = FileSystemWriter(tmp)
+        writer.fs = HashingFileSystem()  # every rank hashes its own files as it writes them
+        dcp.save(_state_dict(parts, ctx), storage_writer=writer, process_group=ctx.pg, no_dist=ctx.pg is None)
+        return {**writer.fs.files, f"rank_{ctx.rank}.json": write_json(tmp / f"rank_{ctx.rank}.json", rank_info)}
+
+    def publish(files: dict[str, Any]) -> None:
+        if ctx.is_main:
+            write_json(tmp / STATE_FILE, {
+                "format": FORMAT, "version": VERSION, "step": step, "world_size": ctx.world_size, **info,
+                "tables": [{k: getattr(s, k) for k in ("name", "num_embeddings", "embedding_dim", "optimizer", "dtype")}
+                           for s in parts.specs],
+                "dense": {n: list(p.shape) for n, p in parts.dense}, "dense_optimizer": parts.optimizer_name,
+                "files": dict(sorted(files.items()))})
+            swap_in(tmp, final, root / f"{TMP_PREFIX}old-{name}")
+            for stale in sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir())[:-keep_last]:
+                shutil.rmtree(stale)
+
+    on_every_rank(prepare)
+    files = {k: v for rank_files in all_gather(ctx, on_every_rank(write_rank_files)) for k, v in rank_files.items()}
+    on_every_rank(lambda: publish(files))
     return final
 
 
@@ -161,45 +189,74 @@ def _describe(e: BaseException) -> str:
     return prefix + f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    with path.open("w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ---- load -------------------------------------------------------------------------------
-def resolve(path: str | Path) -> Path:
-    """A step folder, or the latest complete step folder of a checkpoints folder."""
+def resolve(path: str | Path, key: str) -> Path:
+    """A step folder, or the latest complete step folder of a checkpoints folder (``key``: the setting that named it)."""
     path = Path(path)
     if (path / STATE_FILE).exists():
         return path
     steps = sorted(p for p in path.glob(f"{STEP_PREFIX}*") if (p / STATE_FILE).exists()) if path.is_dir() else []
     if not steps:
-        raise ValueError(f"checkpoint.resume_from={path}: no checkpoint there (no {STATE_FILE}); give a step_NNNNNN "
+        raise ValueError(f"{key}={path}: no checkpoint there (no {STATE_FILE}); give a step_NNNNNN "
                          "folder written by embshard-train, or the checkpoints folder that holds them")
     return steps[-1]
 
 
 def load(path: str | Path, parts: Parts, ctx: RankContext) -> Restored:
-    """Check the checkpoint against the run, then load it into ``parts`` (any plan, any world size).
+    """Verify the checkpoint and check it against the run, then load it into ``parts`` (any plan, any world size).
 
-    Rank 0 checks the files and every rank raises its verdict (SharedError); a failed read
-    fails on every rank too (DCP gathers the failures). Nothing is touched until all is read.
+    Each step ends in a verdict shared by all ranks (SharedError on every rank): rank 0 checks the
+    tables, every rank verifies its share of the files and reads its own rank file, DCP gathers
+    read failures. Nothing is touched until all is read, and it returns only once every rank loaded.
     """
-    path = resolve(path)
-    on_main(ctx, lambda: check(path, parts))
-    info, metadata = read_info(path), read_metadata(path)
+    def prepare() -> tuple[Path, dict[str, Any], Metadata, dict[str, Any]]:
+        step_dir = resolve(path, "checkpoint.resume_from")
+        info = read_info(step_dir)
+        same_world = info["world_size"] == ctx.world_size
+        verify_files(step_dir, info, same_world, ctx)
+        if ctx.is_main:
+            check(step_dir, parts)
+        rank_info = read_rank_info(step_dir, ctx.rank) if same_world else {}
+        return step_dir, info, read_metadata(step_dir), rank_info
+
+    step_dir, info, metadata, rank_info = agree(ctx, prepare)
     dest = _destination(parts, ctx, metadata)
     try:
-        dcp.load(dest, storage_reader=SafeReader(path), process_group=ctx.pg, no_dist=ctx.pg is None)
+        dcp.load(dest, storage_reader=SafeReader(step_dir), process_group=ctx.pg, no_dist=ctx.pg is None)
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank read failures (truncated or corrupt files)
-        raise SharedError(f"checkpoint {path}: cannot read its tensors, the files are corrupt or truncated "
+        raise SharedError(f"checkpoint {step_dir}: cannot read its tensors, the files are corrupt or truncated "
                           f"({_describe(e)}); nothing was loaded") from None
-    _apply(dest, parts)
-    rank_file = path / f"rank_{ctx.rank}.json"
-    rank_info = json.loads(rank_file.read_text()) if info["world_size"] == ctx.world_size and rank_file.exists() else {}
-    return Restored(path, int(info["step"]), info, rank_info)
+    agree(ctx, lambda: _apply(dest, parts), (Exception,),
+          lambda e: f"checkpoint {step_dir}: rank {ctx.rank} could not take its tensors ({_describe(e)})")
+    return Restored(step_dir, int(info["step"]), info, rank_info)
+
+
+def verify_files(path: Path, info: dict[str, Any], with_rank_files: bool, ctx: RankContext | None = None) -> None:
+    """ValueError naming the first damaged file of the checkpoint that will be read (with ``ctx``: this rank's
+    share of them); a checkpoint written before checksums is not verified, with a CheckpointWarning."""
+    files = info.get("files")
+    if files is None:
+        if ctx is None or ctx.is_main:
+            warnings.warn(f"checkpoint {path}: written without checksums (by an older embshard), so its files cannot be "
+                          "verified; a damaged file would load unnoticed", CheckpointWarning, stacklevel=2)
+        return
+    if not isinstance(files, dict) or ".metadata" not in files:
+        raise ValueError(f"checkpoint {path}: {STATE_FILE} lists no checksums for DCP's files; it is corrupt")
+    names = sorted(n for n in files if with_rank_files or not n.startswith("rank_"))
+    verify(path, files, names if ctx is None else names[ctx.rank::ctx.world_size])
+
+
+def read_rank_info(path: Path, rank: int) -> dict[str, Any]:
+    """rank_R.json (RNG and data position of rank R); ValueError naming the file if it is missing or not JSON."""
+    rank_file = path / f"rank_{rank}.json"
+    try:
+        value = json.loads(rank_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"checkpoint {rank_file}: unreadable or not JSON ({e}); restore it, or resume on another "
+                         "number of ranks (which does not read it)") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"checkpoint {rank_file}: not a rank file of embshard-train (not a JSON object)")
+    return value
 
 
 def check(path: Path, parts: Parts) -> None:
@@ -223,10 +280,13 @@ def check(path: Path, parts: Parts) -> None:
 def read_info(path: Path) -> dict[str, Any]:
     try:
         info = json.loads((path / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise ValueError(f"checkpoint {path}: {STATE_FILE} is unreadable or corrupt ({e})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != VERSION:
         raise ValueError(f"checkpoint {path}: not an embshard-train checkpoint of version {VERSION}")
+    missing = [k for k in ("step", "world_size", "tables", "dense", "dense_optimizer") if k not in info]
+    if missing:
+        raise ValueError(f"checkpoint {path}: {STATE_FILE} lacks {missing}; it is corrupt")
     return info
 
 
@@ -366,8 +426,9 @@ def read_metadata(path: Path) -> Metadata:
 
 def read_tables(path: str | Path) -> dict[str, Tensor]:
     """Every table's full weights from a checkpoint, in one process (inspection, export)."""
-    path = resolve(path)
+    path = resolve(path, "checkpoint")
     info = read_info(path)
+    verify_files(path, info, with_rank_files=False)
     metadata = read_metadata(path)
     dest = {}
     for t in info["tables"]:

@@ -98,6 +98,21 @@ def on_main(ctx: RankContext, fn: Callable[[], T]) -> T:
     return value
 
 
+def agree(ctx: RankContext, fn: Callable[[], T], catch: tuple[type[BaseException], ...] = (ValueError,),
+          describe: Callable[[BaseException], str] = str) -> T:
+    """``fn()`` on every rank, then a verdict shared by all: if it raised (one of ``catch``) on any
+    rank, SharedError on every rank with the lowest such rank's ``describe(error)``."""
+    result, error = None, None
+    try:
+        result = fn()
+    except catch as e:
+        error = describe(e)
+    failed = [e for e in all_gather(ctx, error) if e is not None]
+    if failed:
+        raise SharedError(failed[0])
+    return result
+
+
 def all_sum(ctx: RankContext, values: list[float]) -> list[float]:
     """Element-wise sum over ranks (float64)."""
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)

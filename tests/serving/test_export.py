@@ -12,10 +12,18 @@ import pytest
 from conftest import BIN
 from embshard.serving.artifact import MANIFEST, ArtifactError, read_manifest, sha256_file, verified_bytes
 from embshard.serving.export import ExportSettings, export
+from embshard.train import checkpoint
 
 
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def flip_16_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+    path.write_bytes(bytes(data))
 
 
 def test_artifact_lists_every_file_with_its_checksum(artifact):
@@ -60,6 +68,30 @@ def test_bad_settings_are_refused_before_anything_is_written(trained_run, tmp_pa
     assert leftovers(tmp_path) == []
 
 
+def test_a_damaged_or_missing_checkpoint_is_refused_naming_the_file(trained_run, tmp_path):
+    """Checksums recorded while training wrote the checkpoint are checked before export reads or writes anything;
+    a checkpoint without them (older embshard) still exports, and a truncated file is then caught on reading."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=rf"^checkpoint={empty}: no checkpoint there"):
+        export(ExportSettings(checkpoint=empty, out=tmp_path / "artifact"))
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    step_dir = next((copy / "checkpoints").glob("step_*"))
+    data = (step_dir / "__0_0.distcp").read_bytes()
+    flip_16_bytes(step_dir / "__0_0.distcp")
+    with pytest.raises(ValueError, match=rf"checkpoint {step_dir}/__0_0\.distcp: damaged"):
+        export(ExportSettings(checkpoint=copy, out=tmp_path / "artifact", time_budget_s=0.2))
+    state = json.loads((step_dir / "train_state.json").read_text())
+    del state["files"]
+    (step_dir / "train_state.json").write_text(json.dumps(state))
+    (step_dir / "__0_0.distcp").write_bytes(bytes(data[:100]))
+    with pytest.warns(checkpoint.CheckpointWarning, match="without checksums"), \
+            pytest.raises(ValueError, match="the files are corrupt or truncated"):
+        export(ExportSettings(checkpoint=copy, out=tmp_path / "artifact", time_budget_s=0.2))
+    assert leftovers(tmp_path) == ["empty", "run"]
+
+
 def test_existing_out_needs_overwrite(trained_run, artifact, tmp_path):
     existing = artifact("fp32", 2)
     with pytest.raises(ValueError, match="already exists; choose another folder or pass overwrite=true"):
@@ -74,9 +106,9 @@ def test_cli_bad_input_ends_in_one_line_and_no_artifact(trained_run, tmp_path):
     corrupt = tmp_path / "corrupt_run"
     shutil.copytree(trained_run, corrupt)
     shard = next((corrupt / "checkpoints").glob("step_*/__1_0.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])  # truncated: found only when the tables are read
+    flip_16_bytes(shard)  # inside the tensors: only the checksum tells
     cases = {
-        "corrupt": ([f"checkpoint={corrupt}"], "the files are corrupt or truncated"),
+        "corrupt": ([f"checkpoint={corrupt}"], f"{shard}: damaged"),
         "typo": ([f"checkpoint={trained_run}", "dtpye=int8"], "dtpye"),
     }
     command = [str(BIN / "embshard-export"), "time_budget_s=0.2"]

@@ -1,18 +1,23 @@
 """Checkpoints in one process (the unsharded reference, DCP without a process group):
-exact resume, refusal of mismatched or corrupt checkpoints with nothing touched, and a
-write that fails midway leaving the previous checkpoint loadable."""
+exact resume, refusal of mismatched, damaged or corrupt checkpoints with nothing touched
+(checksums first; the allow-listed unpickler and DCP's reader on checkpoints without them),
+and a write that fails midway leaving the previous checkpoint loadable."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
+from embshard.fsutil import sha256_file
 from embshard.train import checkpoint
 from embshard.train.trainer import Trainer
 from train_tables import trainer
@@ -44,6 +49,31 @@ def test_resume_continues_exactly(config_dir, trained, tmp_path) -> None:
     assert (tmp_path / "resumed" / "metrics.jsonl").read_text().count('"train"') == 3
 
 
+def test_every_file_is_recorded_with_its_checksum(trained) -> None:
+    step_dir = trained / "step_000006"
+    files = json.loads((step_dir / "train_state.json").read_text())["files"]
+    assert sorted(files) == sorted(p.name for p in step_dir.iterdir() if p.name != "train_state.json")
+    assert {".metadata", "__0_0.distcp", "rank_0.json"} <= set(files)
+    for name, entry in files.items():
+        assert entry == {"sha256": sha256_file(step_dir / name), "bytes": (step_dir / name).stat().st_size}, name
+
+
+def test_damaged_checkpoint_stops_resume_and_one_without_checksums_loads_with_a_warning(config_dir, trained,
+                                                                                       tmp_path) -> None:
+    flipped = tmp_path / "flipped" / "step_000003"
+    corrupt(trained / "step_000003", flipped, "flipped")
+    with pytest.raises(ValueError, match=r"checkpoint .*/flipped/step_000003/__0_0\.distcp: damaged"):
+        trainer(config_dir, tmp_path / "refused", "optim=adam", f"checkpoint.resume_from={flipped.parent}")
+    assert not (tmp_path / "refused" / "checkpoints").exists()
+    old = tmp_path / "old" / "step_000003"
+    corrupt(trained / "step_000003", old, "none", legacy=True)
+    with pytest.warns(checkpoint.CheckpointWarning, match="written without checksums"):
+        t = trainer(config_dir, tmp_path / "resumed", "steps=6", "optim=adam", f"checkpoint.resume_from={old}")
+    t.train()
+    final, resumed = checkpoint.read_tables(trained), checkpoint.read_tables(tmp_path / "resumed" / "checkpoints")
+    assert all(torch.equal(final[k], v) for k, v in resumed.items())
+
+
 @pytest.mark.parametrize("overrides,needle", [
     (["tables=larger"], "table 't2' is 100x8 in the checkpoint but 120x8 here"),
     (["tables=fewer"], "tables only in the checkpoint ['t5']"),
@@ -65,33 +95,64 @@ class Payload:
         return (os.system, ("touch /tmp/embshard-pwned",))
 
 
-def corrupt(src: Path, dst: Path, how: str) -> None:
-    dst.mkdir()
+def without_checksums(step_dir: Path) -> None:
+    """Make ``step_dir`` look like a checkpoint written before checksums."""
+    state = json.loads((step_dir / "train_state.json").read_text())
+    del state["files"]
+    (step_dir / "train_state.json").write_text(json.dumps(state))
+
+
+def flip_16_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])
+    path.write_bytes(bytes(data))
+
+
+def corrupt(src: Path, dst: Path, how: str, legacy: bool = False) -> None:
+    dst.mkdir(parents=True)
     for p in src.iterdir():
         (dst / p.name).write_bytes(p.read_bytes())
-    if how == "pickle":
+    if legacy:
+        without_checksums(dst)
+    if how == "flipped":
+        flip_16_bytes(dst / "__0_0.distcp")
+    elif how == "rank_file":
+        (dst / "rank_0.json").write_text("\n")
+    elif how == "pickle":
         (dst / ".metadata").write_bytes(pickle.dumps(Payload()))
     elif how == "truncated":
         shard = dst / "__0_0.distcp"
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])
     elif how == "state":
         (dst / "train_state.json").write_text("{not json")
+    elif how == "state_keys":
+        (dst / "train_state.json").write_text('{"format": "embshard-train-checkpoint", "version": 1}')
     elif how == "metadata":
         (dst / ".metadata").unlink()
 
 
-@pytest.mark.parametrize("how,needle", [
-    ("pickle", "posix.system is not part of DCP's metadata"),
-    ("truncated", "cannot read its tensors, the files are corrupt or truncated"),
-    ("state", "train_state.json is unreadable or corrupt"),
-    ("metadata", ".metadata) is missing, corrupt or not DCP's"),
+@pytest.mark.parametrize("how,legacy,needle", [
+    # checksums recorded while writing: the damaged file is named before anything is read
+    ("flipped", False, "step_000006/__0_0.distcp: damaged (its SHA-256 or size differs"),
+    ("rank_file", False, "step_000006/rank_0.json: damaged"),
+    ("pickle", False, "step_000006/.metadata: damaged"),
+    ("metadata", False, "step_000006/.metadata: cannot read it (No such file or directory)"),
+    ("state", False, "train_state.json is unreadable or corrupt"),
+    ("state_keys", False, "train_state.json lacks ['step', 'world_size', 'tables', 'dense', 'dense_optimizer']"),
+    # checkpoints written before checksums: the readers' own defenses
+    ("pickle", True, "posix.system is not part of DCP's metadata"),
+    ("truncated", True, "cannot read its tensors, the files are corrupt or truncated"),
+    ("metadata", True, ".metadata) is missing, corrupt or not DCP's"),
+    ("rank_file", True, "step_000006/rank_0.json: unreadable or not JSON (Expecting value: line 2 column 1 (char 1))"),
 ])
-def test_corrupt_checkpoint_is_refused(config_dir, trained, tmp_path, how, needle) -> None:
+def test_corrupt_checkpoint_is_refused(config_dir, trained, tmp_path, how, legacy, needle) -> None:
     bad = tmp_path / "step_000006"
-    corrupt(trained / "step_000006", bad, how)
+    corrupt(trained / "step_000006", bad, how, legacy)
     t = trainer(config_dir, tmp_path / "run", "optim=adam")
     before = tables(t)
-    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(needle)), \
+            pytest.warns(checkpoint.CheckpointWarning) if legacy else contextlib.nullcontext():
         checkpoint.load(bad, t.parts, t.ctx)
     assert not Path("/tmp/embshard-pwned").exists()
     assert all(torch.equal(before[k], v) for k, v in tables(t).items())  # nothing was loaded
@@ -114,7 +175,7 @@ def test_failed_write_leaves_the_previous_checkpoint(config_dir, tmp_path, monke
         checkpoint.save(root, 2, t.parts, t.ctx, {"samples_consumed": 64}, {}, keep_last=2)
     monkeypatch.undo()
     assert not (root / "step_000002").exists() and (root / ".tmp-step_000002").exists()
-    assert checkpoint.resolve(root) == first
+    assert checkpoint.resolve(root, "checkpoint") == first
     restored = checkpoint.load(root, t.parts, t.ctx)
     assert restored.step == 1
     checkpoint.save(root, 2, t.parts, t.ctx, {"samples_consumed": 64}, {}, keep_last=2)

@@ -36,12 +36,18 @@ def criteo_like(num_rows: int = 100) -> str:
     return f"# @package _global_\ntables:\n{rows}\n"
 
 
-def trainer(config_dir: Path, out: Path, *overrides: str) -> Trainer:
-    """An unsharded one-process Trainer on the tiny tables (``config_dir``: the conftest's), output in ``out``."""
+def settings(config_dir: Path, out: Path, *overrides: str) -> config.TrainSettings:
+    """The settings of a small run on the tiny tables (``config_dir``: the conftest's), output in ``out`` (created)."""
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"hydra.searchpath=[file://{config_dir}]", "tables=tiny", *MODEL, *FAST_PLANNER,
-                                          "unsharded=true", "topology.batch_size_per_rank=32", "log_every_steps=1",
-                                          "eval.every_steps=0", "eval.num_batches=1", f"out_dir={out}", *overrides])
+                                          "topology.batch_size_per_rank=32", "log_every_steps=1", "eval.every_steps=0",
+                                          "eval.num_batches=1", f"out_dir={out}", *overrides])
     s = config.settings_from_config(cfg)
     s.out_dir.mkdir(parents=True, exist_ok=True)
+    return s
+
+
+def trainer(config_dir: Path, out: Path, *overrides: str) -> Trainer:
+    """An unsharded one-process Trainer on the tiny tables, output in ``out``."""
+    s = settings(config_dir, out, "unsharded=true", *overrides)
     return Trainer(s, distributed.start(s.topology, 60, with_group=False), console=None)
