@@ -55,6 +55,7 @@ class ExportOptions:
     out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact`` for a run folder, replaced at each start)
     dtype: str = "fp32"  # every table's serving dtype: fp32 | fp16 | int8 ...
     table_dtypes: Dict[str, str] = field(default_factory=dict)  # ... except these (table -> dtype)
+    split: bool = False  # no table replicated: every rank holds only its shards
 
 
 @dataclass
@@ -79,6 +80,11 @@ class ServeSettings:
     server: ServerConfig
     batching: BatchingConfig
     launcher: LauncherConfig
+
+
+def num_ranks(n: int, noun: str = "rank") -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def settings_from_config(cfg: DictConfig) -> ServeSettings:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from embshard.fsutil import write_text_atomic
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
-from embshard.serving.config import ServerConfig
+from embshard.serving.config import ServerConfig, num_ranks
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ServingSchema
 from embshard.serving.requests import RequestError, parse_lookup, parse_off_loop, parse_predict
@@ -148,7 +148,7 @@ async def serve(app: web.Application, batcher: Batcher, config: ServerConfig, wo
     except ValueError:
         await batcher.close(config.shutdown_timeout_s)
         raise
-    print(f"embshard-serve: listening on http://{config.host}:{port} ({world_size} rank(s))", flush=True)
+    print(f"embshard-serve: listening on http://{config.host}:{port} ({num_ranks(world_size)})", flush=True)
     port_file = Path(config.port_file) if config.port_file else None
     if port_file is not None:
         write_text_atomic(port_file, f"{port}\n")

@@ -1,7 +1,8 @@
 """embshard-serve's command line: bad settings name the key (composed in-process) and end with
 one line and exit status 2 before any rank starts; an artifact for another world size is
-refused; a rank lost while serving makes /healthz and /predict answer 503 with the reason, and
-SIGTERM still stops the server; ``checkpoint=`` exports the run, then serves it.
+refused; a rank lost while serving makes /healthz and /predict answer 503 naming the rank and how
+it ended (so does the log), and SIGTERM still stops the server; ``checkpoint=`` exports the run,
+then serves it (and two SIGTERMs stop it with status 0).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_artifact_of_another_world_size_is_refused(artifact):
     assert "world" in done.stderr.lower(), done.stderr[-2000:]
 
 
-def test_lost_rank_makes_healthz_unhealthy_and_sigterm_still_stops(artifact, reference, tmp_path):
+def test_lost_rank_is_named_in_healthz_and_the_log_and_sigterm_still_stops(artifact, reference, tmp_path):
     server = ServeProcess.start([f"artifact={artifact('fp32', 2)}", "launcher.nproc=2", "launcher.collective_timeout_s=20",
                                  "server.heartbeat_ms=200"], tmp_path)
     try:
@@ -96,11 +97,17 @@ def test_lost_rank_makes_healthz_unhealthy_and_sigterm_still_stops(artifact, ref
             async with aiohttp.ClientSession() as session:
                 return await poll(session)
         (status, health), predict = asyncio.run(main())
-        assert status == 503 and health["status"] == "unhealthy" and "collective failed" in health["reason"], health
-        assert predict is not None and predict[0] == 503 and "collective failed" in predict[1]["error"], predict
+        named = "rank 1 was killed by SIGKILL"
+        assert status == 503 and health["status"] == "unhealthy" and health["reason"].startswith(named), health
+        assert not any(w in health["reason"] for w in ("gloo", "Connection", "127.0.0.1")), health
+        assert predict is not None and predict[0] == 503 and predict[1]["error"].startswith(named), predict
+        lines = server.log().splitlines()
+        errors = [i for i, line in enumerate(lines) if line.startswith("embshard-serve: error:")]
+        assert errors and named in lines[errors[0]], lines[-20:]  # logged when it was found, before any SIGTERM
         assert server.stop(signal.SIGTERM, timeout_s=40) != 0
         assert not os.path.exists(f"/proc/{ranks[0]}") or "zombie" in open(f"/proc/{ranks[0]}/status").read()
-        assert "embshard-serve: error:" in server.log() and "collective failed" in server.log()
+        lines = server.log().strip().splitlines()
+        assert lines[-1].startswith("embshard-serve: error: " + named), lines[-10:]  # the last word names rank 1
     finally:
         if server.proc.poll() is None:
             server.kill()
@@ -119,8 +126,11 @@ def test_checkpoint_is_exported_then_served_by_one_rank(trained_run, reference, 
         assert status == 200, answer
         got = torch.tensor(answer["scores"])
         assert torch.allclose(got, reference["scores"][:5], atol=1e-5, rtol=0), got
-        assert f"exported {trained_run} to {out} (1 rank(s))" in server.log()
+        assert f"exported {trained_run} to {out} (1 rank)" in server.log()
+        server.proc.send_signal(signal.SIGTERM)  # twice, 50 ms apart, to the one rank itself
+        time.sleep(0.05)
         assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
+        assert "Traceback" not in server.log() and not (tmp_path / "server" / "port").exists(), server.log()[-3000:]
     finally:
         if server.proc.poll() is None:
             server.kill()
