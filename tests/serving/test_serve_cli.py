@@ -2,7 +2,8 @@
 one line and exit status 2 before any rank starts; an artifact for another world size is
 refused; a rank lost while serving makes /healthz and /predict answer 503 naming the rank and how
 it ended (so does the log), and SIGTERM still stops the server; ``checkpoint=`` exports the run,
-then serves it (and two SIGTERMs stop it with status 0).
+then serves it (and two SIGTERMs stop it with status 0); under torchrun two ranks serve the
+model's scores.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from embshard.ports import free_port
 from embshard.serving.client import BIN, ServeProcess, get_json, post_json, predict_body
 from embshard.serving.config import register, settings_from_config
 from embshard.cli import CONFIG_DIR
@@ -131,6 +133,33 @@ def test_checkpoint_is_exported_then_served_by_one_rank(trained_run, reference, 
         time.sleep(0.05)
         assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
         assert "Traceback" not in server.log() and not (tmp_path / "server" / "port").exists(), server.log()[-3000:]
+    finally:
+        if server.proc.poll() is None:
+            server.kill()
+
+
+def test_torchrun_ranks_serve_the_trained_model(artifact, reference, tmp_path):
+    torchrun = (str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
+                "-m", "embshard.serving.serve_cli")
+    server = ServeProcess.start([f"artifact={artifact('fp32', 2)}", "launcher.collective_timeout_s=30"], tmp_path,
+                                command=torchrun)
+    try:
+        body = predict_body(reference["samples"].slice(0, 7), reference["layout"])
+
+        async def main():
+            async with aiohttp.ClientSession() as session:
+                return await get_json(session, f"{server.url}/healthz"), \
+                    await post_json(session, f"{server.url}/predict", body)
+        health, (status, answer) = asyncio.run(main())
+        assert health == (200, {"status": "ok", "world_size": 2}), health
+        assert status == 200, answer
+        got = torch.tensor(answer["scores"])
+        assert torch.allclose(got, reference["scores"][:7], atol=1e-5, rtol=0), got
+        ranks = server.rank_pids()
+        assert len(ranks) == 2, ranks
+        server.stop(signal.SIGTERM, timeout_s=60)  # torchrun's own exit status and report are torchrun's
+        assert all(not os.path.exists(f"/proc/{pid}") for pid in ranks), ranks
+        assert "embshard-serve: stopping" in server.log(), server.log()[-3000:]
     finally:
         if server.proc.poll() is None:
             server.kill()

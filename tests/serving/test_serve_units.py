@@ -41,7 +41,8 @@ def test_rank_kjt_slices_every_feature():
     samples = [{"dense": [0, 1], "sparse": {"a": [1, 2], "b": []}},
                {"dense": [2, 3], "sparse": {"a": [], "b": [4]}},
                {"dense": [4, 5], "sparse": {"a": [3], "b": [0, 1, 2]}}]
-    merged = merge_predicts([parse_predict(body(samples[:1]), SCHEMA, LIMITS), parse_predict(body(samples[1:]), SCHEMA, LIMITS)])
+    merged = merge_predicts([parse_predict(body(samples[:1]), SCHEMA, LIMITS),
+                             parse_predict(body(samples[1:]), SCHEMA, LIMITS)])
     ids = torch.cat(merged.ids_by_feature)
     assert ids.tolist() == [1, 2, 3, 4, 0, 1, 2]
     for start, end in ((0, 1), (1, 3), (0, 3)):
@@ -59,6 +60,9 @@ def test_parse_predict_and_lookup():
     assert [t.tolist() for t in request.ids_by_feature] == [[9], [0, 4]]
     lookup = parse_lookup(b'{"feature": "b", "ids": [4, 0]}', SCHEMA, LIMITS)
     assert lookup.feature == "b" and lookup.ids_N.tolist() == [4, 0]
+    slow = parse_predict(body([{"dense": [1, 2.5], "sparse": {"a": [9], "b": [0, 4]}}]), SCHEMA, LIMITS, yielding=True)
+    assert torch.equal(slow.dense_BF, request.dense_BF) and torch.equal(slow.lengths_BF, request.lengths_BF)
+    assert [t.tolist() for t in slow.ids_by_feature] == [[9], [0, 4]]
 
 
 @pytest.mark.parametrize("raw, status, field", [
@@ -76,9 +80,10 @@ def test_parse_predict_and_lookup():
     (b'{"samples": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "body: JSON nested too deeply"),
 ])
 def test_parse_predict_refuses_with_the_field(raw, status, field):
-    with pytest.raises(RequestError) as e:
-        parse_predict(raw, SCHEMA, LIMITS)
-    assert e.value.status == status and field in str(e.value), str(e.value)
+    for yielding in (False, True):
+        with pytest.raises(RequestError) as e:
+            parse_predict(raw, SCHEMA, LIMITS, yielding=yielding)
+        assert e.value.status == status and field in str(e.value), str(e.value)
 
 
 def test_percentile_nearest_rank():
