@@ -63,7 +63,7 @@ class ServeProcess:
     @classmethod
     def start(cls, args: list[str], folder: Path, timeout_s: float = START_TIMEOUT_S,
               command: tuple[str, ...] = (str(BIN / "embshard-serve"),)) -> "ServeProcess":
-        """Start ``COMMAND ARGS server.port=0`` (``embshard-serve``, or torchrun's ``... -m embshard.serving.serve_cli``)
+        """Start ``COMMAND ARGS server.port=0`` (``embshard-serve``, or ``torchrun ... -m embshard.serving.serve_cli``)
         and wait until it listens (RuntimeError with its log if not)."""
         folder.mkdir(parents=True, exist_ok=True)
         port_file, log_path = folder / "port", folder / "serve.log"

@@ -105,7 +105,8 @@ def settings_from_config(cfg: DictConfig) -> ServeSettings:
                          "has no default place; give export.out=DIR, or checkpoint= the run's out_dir")
     positive = {"server.max_request_samples": s.server.max_request_samples, "server.max_bag_ids": s.server.max_bag_ids,
                 "server.max_request_ids": s.server.max_request_ids, "server.max_body_bytes": s.server.max_body_bytes,
-                "server.read_timeout_ms": s.server.read_timeout_ms, "server.request_timeout_ms": s.server.request_timeout_ms,
+                "server.read_timeout_ms": s.server.read_timeout_ms,
+                "server.request_timeout_ms": s.server.request_timeout_ms,
                 "server.heartbeat_ms": s.server.heartbeat_ms, "batching.max_batch_size": s.batching.max_batch_size,
                 "launcher.nproc": s.launcher.nproc, "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
     for key, value in positive.items():

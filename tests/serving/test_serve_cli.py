@@ -9,6 +9,7 @@ model's scores.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -53,6 +54,8 @@ def settings(*overrides: str):
     (("checkpoint=.",), "export.out: checkpoint=. is not a run folder"),
     (("artifact=.", "server.port=70000"), "server.port: 70000"),
     (("artifact=.", "batching.max_batch_size=0"), "batching.max_batch_size: must be positive"),
+    (("artifact=.", "server.max_bag_ids=0"), "server.max_bag_ids: must be positive"),
+    (("artifact=.", "server.read_timeout_ms=0"), "server.read_timeout_ms: must be positive"),
     (("artifact=.", "server.heartbeat_ms=20000", "launcher.collective_timeout_s=30"), "server.heartbeat_ms"),
 ])
 def test_bad_settings_name_the_key(overrides, words):
@@ -117,7 +120,8 @@ def test_lost_rank_is_named_in_healthz_and_the_log_and_sigterm_still_stops(artif
 
 def test_checkpoint_is_exported_then_served_by_one_rank(trained_run, reference, tmp_path):
     out = tmp_path / "artifact"
-    server = ServeProcess.start([f"checkpoint={trained_run}", f"export.out={out}"], tmp_path / "server")
+    server = ServeProcess.start([f"checkpoint={trained_run}", f"export.out={out}", "export.split=true"],
+                                tmp_path / "server")
     try:
         body = predict_body(reference["samples"].slice(0, 5), reference["layout"])
 
@@ -129,6 +133,8 @@ def test_checkpoint_is_exported_then_served_by_one_rank(trained_run, reference, 
         got = torch.tensor(answer["scores"])
         assert torch.allclose(got, reference["scores"][:5], atol=1e-5, rtol=0), got
         assert f"exported {trained_run} to {out} (1 rank)" in server.log()
+        types = {t["sharding_type"] for t in json.loads((out / "plan.json").read_text())["tables"]}
+        assert "data_parallel" not in types, types  # export.split reached the export
         server.proc.send_signal(signal.SIGTERM)  # twice, 50 ms apart, to the one rank itself
         time.sleep(0.05)
         assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
