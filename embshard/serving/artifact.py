@@ -8,6 +8,7 @@ Layout of an artifact folder (no pickles anywhere):
     rank_R.safetensors   rank R's blocks: ``TABLE.weight`` (float32 / float16 / uint8 int8 codes) and,
                          for int8, ``TABLE.scale_bias`` (float16 [rows, 2]); data-parallel tables on every rank
 
+Every file has a normal file's mode (0666 less the umask; safetensors alone would write 0600).
 Every read goes through `verified_bytes`, which checks the file's SHA-256 against the manifest
 first: a tampered, truncated or missing file is refused with its name (`ArtifactError`).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
 from torch import Tensor
 
 from embshard.fsutil import sha256_file
@@ -67,6 +70,14 @@ def model_config(raw: Any, where: str) -> DLRMConfig:
         return value_of(OmegaConf.to_object(merged))
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise ArtifactError(f"{where}: the model settings are invalid ({str(e).splitlines()[0]}); {FIX}") from None
+
+
+def save_tensors(tensors: Mapping[str, Tensor], path: Path) -> None:
+    """A safetensors file with the mode of the artifact's other files."""
+    save_file(dict(tensors), path)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def write_manifest(folder: Path, world_size: int) -> None:

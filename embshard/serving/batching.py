@@ -7,7 +7,8 @@ HTTP server. A batch holds requests of one key (predict, or lookups of one featu
 first request has waited ``max_wait_ms`` (and the previous batch is done). A request not
 answered within its timeout fails with `asyncio.TimeoutError` (the server answers 503); a
 batch that every rank refuses with ValueError fails its requests with `BatchRefused`; any
-other failed exchange marks the group broken, and every later request fails with `GroupBroken`.
+other failed exchange marks the group broken (logged once, with the reason: a `GroupBroken`
+raised by the exchange says it best), and every later request fails with `GroupBroken`.
 When idle, the batcher runs a heartbeat exchange every ``heartbeat_ms``.
 """
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from embshard.serving.config import BatchingConfig
+from embshard.serving.config import PROG, BatchingConfig
 from embshard.serving.metrics import ServingMetrics
 
 
@@ -195,6 +197,11 @@ class Batcher:
             self._mark_broken(e)
 
     def _mark_broken(self, e: Exception) -> str:
-        first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
-        self.broken = f"a collective failed, the ranks are out of step ({type(e).__name__}: {first_line})"
+        if isinstance(e, GroupBroken):
+            self.broken = str(e)
+        else:
+            first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            self.broken = f"a collective failed, the ranks are out of step ({type(e).__name__}: {first_line})"
+        print(f"{PROG}: error: {self.broken}; /healthz and every request answer 503 until the server is restarted",
+              file=sys.stderr, flush=True)
         return self.broken

@@ -54,20 +54,22 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, dict]
 
 @dataclass
 class ServeProcess:
-    """An ``embshard-serve`` subprocess (the launcher, whose children are the ranks); Linux (/proc)."""
+    """An ``embshard-serve`` subprocess (the launcher or torchrun, whose children are the ranks); Linux (/proc)."""
 
     proc: subprocess.Popen
     log_path: Path
     port: int
 
     @classmethod
-    def start(cls, args: list[str], folder: Path, timeout_s: float = START_TIMEOUT_S) -> "ServeProcess":
-        """Start ``embshard-serve ARGS server.port=0`` and wait until it listens (RuntimeError with its log if not)."""
+    def start(cls, args: list[str], folder: Path, timeout_s: float = START_TIMEOUT_S,
+              command: tuple[str, ...] = (str(BIN / "embshard-serve"),)) -> "ServeProcess":
+        """Start ``COMMAND ARGS server.port=0`` (``embshard-serve``, or ``torchrun ... -m embshard.serving.serve_cli``)
+        and wait until it listens (RuntimeError with its log if not)."""
         folder.mkdir(parents=True, exist_ok=True)
         port_file, log_path = folder / "port", folder / "serve.log"
         port_file.unlink(missing_ok=True)
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([str(BIN / "embshard-serve"), *args, "server.port=0", f"server.port_file={port_file}"],
+            proc = subprocess.Popen([*command, *args, "server.port=0", f"server.port_file={port_file}"],
                                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         deadline = time.monotonic() + timeout_s
         while not port_file.exists():

@@ -30,7 +30,10 @@ class ServerConfig:
     port: int = 8080  # 0: any free port (printed, and written to port_file)
     port_file: Optional[str] = None  # write the port here once listening (for scripts and tests)
     max_request_samples: int = 1024  # more samples (or lookup ids) in one request: 413
+    max_bag_ids: int = 16384  # more ids in one sample's feature: 413
+    max_request_ids: int = 1 << 20  # more ids in one /predict: 413
     max_body_bytes: int = 64 << 20  # larger bodies: 413
+    read_timeout_ms: float = 10000.0  # a request's headers, then its body, must arrive within this (else 408 / closed)
     request_timeout_ms: float = 5000.0  # a request not answered by then gets 503
     heartbeat_ms: float = 1000.0  # idle ranks hear from rank 0 this often (well under the collective timeout)
     shutdown_timeout_s: float = 10.0  # on SIGTERM, requests in flight get this long to finish
@@ -52,6 +55,7 @@ class ExportOptions:
     out: str = ""  # the artifact folder ("" = ``<checkpoint>/serving_artifact`` for a run folder, replaced at each start)
     dtype: str = "fp32"  # every table's serving dtype: fp32 | fp16 | int8 ...
     table_dtypes: Dict[str, str] = field(default_factory=dict)  # ... except these (table -> dtype)
+    split: bool = False  # no table replicated: every rank holds only its shards
 
 
 @dataclass
@@ -78,6 +82,11 @@ class ServeSettings:
     launcher: LauncherConfig
 
 
+def num_ranks(n: int, noun: str = "rank") -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def settings_from_config(cfg: DictConfig) -> ServeSettings:
     """Validate the composed config; ValueError names the key and how to fix it."""
     obj = OmegaConf.to_object(cfg)
@@ -94,8 +103,10 @@ def settings_from_config(cfg: DictConfig) -> ServeSettings:
     if s.checkpoint is not None and not s.export.out and not (s.checkpoint / "config.yaml").is_file():
         raise ValueError(f"export.out: checkpoint={s.checkpoint} is not a run folder (no config.yaml), so the artifact "
                          "has no default place; give export.out=DIR, or checkpoint= the run's out_dir")
-    positive = {"server.max_request_samples": s.server.max_request_samples, "server.max_body_bytes":
-                s.server.max_body_bytes, "server.request_timeout_ms": s.server.request_timeout_ms,
+    positive = {"server.max_request_samples": s.server.max_request_samples, "server.max_bag_ids": s.server.max_bag_ids,
+                "server.max_request_ids": s.server.max_request_ids, "server.max_body_bytes": s.server.max_body_bytes,
+                "server.read_timeout_ms": s.server.read_timeout_ms,
+                "server.request_timeout_ms": s.server.request_timeout_ms,
                 "server.heartbeat_ms": s.server.heartbeat_ms, "batching.max_batch_size": s.batching.max_batch_size,
                 "launcher.nproc": s.launcher.nproc, "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
     for key, value in positive.items():

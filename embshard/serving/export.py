@@ -7,7 +7,8 @@ Reads the run's config.yaml (tables and model, through the train app's own code)
 DCP checkpoint (the latest step, or the step folder given; every file it reads verified
 against the checksums it was written with), plans the tables for
 ``world_size`` serving ranks with the planner in inference mode (forward only, weights in
-their serving dtype), then reads one table at a time, cuts it into the plan's blocks,
+their serving dtype; it replicates every table that fits, for local look-ups, unless
+``split``), then reads one table at a time, cuts it into the plan's blocks,
 quantizes each block (embshard.serving.quantize) and writes the artifact described in
 embshard.serving.artifact. Everything is written into a temporary folder next to ``out``
 and renamed at the end, so a failed export leaves nothing that looks like an artifact.
@@ -24,7 +25,6 @@ from typing import Any, Mapping
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
-from safetensors.torch import save_file
 from torch import Tensor
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -34,10 +34,10 @@ from embshard.data.batch import NUM_DENSE
 from embshard.fsutil import swap_in
 from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
-from embshard.planner.types import Constraints, ShardingType
+from embshard.planner.types import Constraints, ShardingType, TableConstraint
 from embshard.runtime.lookup import TORCH_DTYPE
 from embshard.serving.artifact import (DENSE_FILE, MODEL_FILE, PLAN_FILE, ModelInfo, block_tensors, model_config,
-                                       rank_file, write_manifest)
+                                       rank_file, save_tensors, write_manifest)
 from embshard.serving.quantize import quantize
 from embshard.specs import DTYPE_BYTES, TableSpec
 from embshard.topology import Topology
@@ -60,6 +60,7 @@ class ExportSettings:
     batch_size_per_rank: int = 512  # serving batch per rank the planner costs
     time_budget_s: float = 2.0  # planner search time
     overwrite: bool = False  # replace an existing artifact at ``out``
+    split: bool = False  # no table replicated (data_parallel): every rank holds only its shards
     # {tables: {NAME: {sharding_types: [...], ranks: [...]}}, keep_together: [[A, B]]}, as embshard-plan takes them
     constraints: Mapping[str, Any] = field(default_factory=dict)
 
@@ -150,7 +151,22 @@ def serving_plan(run: TrainingRun, settings: ExportSettings) -> ShardingPlan:
                                    # serving replicas look up their own rank's samples only
                                    "replicated_dp_lookup": False}, "serving topology")
     constraints = Constraints.from_dict(settings.constraints, [s.name for s in specs], settings.world_size)
+    if settings.split:
+        constraints = without_replicas(constraints, [s.name for s in specs])
     return planner.plan(specs, topology, constraints, time_budget_s=settings.time_budget_s, inference=True)
+
+
+def without_replicas(constraints: Constraints, tables: list[str]) -> Constraints:
+    """``constraints`` with data_parallel taken out of every table's sharding types (``split=true``)."""
+    per_table = {}
+    for name in tables:
+        allowed = constraints.for_table(name)
+        types = tuple(t for t in allowed.sharding_types if t is not ShardingType.DATA_PARALLEL)
+        if not types:
+            raise ValueError(f"split: constraints.tables.{name} allows only data_parallel (a replica on every rank); "
+                             "drop split=true or allow another sharding type")
+        per_table[name] = TableConstraint(types, allowed.ranks)
+    return replace(constraints, tables=per_table)
 
 
 def export(settings: ExportSettings) -> Path:
@@ -193,8 +209,8 @@ def _write(folder: Path, run: TrainingRun, plan: ShardingPlan, settings: ExportS
             if placement.sharding_type is ShardingType.DATA_PARALLEL:
                 break  # every replica holds the same full block
     for r, tensors in enumerate(per_rank):
-        save_file(tensors, folder / rank_file(r))
-    save_file(read_dense(run.step_dir), folder / DENSE_FILE)
+        save_tensors(tensors, folder / rank_file(r))
+    save_tensors(read_dense(run.step_dir), folder / DENSE_FILE)
     plan.save(folder / PLAN_FILE)
     source = {"checkpoint": str(run.step_dir.absolute()), "step": run.step}
     (folder / MODEL_FILE).write_text(ModelInfo(run.model, plan.specs, NUM_DENSE, source).to_json())

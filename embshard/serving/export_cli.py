@@ -1,6 +1,6 @@
 """embshard-export: write a serving artifact from an embshard-train run (Hydra app, configs/export.yaml).
 
-    embshard-export checkpoint=outputs/train/RUN out=artifacts/RUN world_size=2 dtype=int8
+    embshard-export checkpoint=outputs/train/RUN out=artifacts/RUN world_size=2 split=true dtype=int8
 
 Bad input (missing or corrupt checkpoint, unknown table or dtype, a plan that does not fit)
 ends with exit status 2 and one line, ``embshard-export: error: ...``; nothing is left at ``out``.
@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
+from embshard.serving.config import num_ranks
 
 PROG = "embshard-export"
 
@@ -35,6 +36,7 @@ class ExportConfig:
     batch_size_per_rank: int = 512
     time_budget_s: float = 2.0
     overwrite: bool = False
+    split: bool = False
     constraints: Dict[str, Any] = field(default_factory=dict)  # checked by Constraints.from_dict, which names the key
 
 
@@ -51,7 +53,7 @@ def hydra_main(cfg: DictConfig) -> None:
         out = export(settings)
     except (ValueError, OmegaConfBaseException) as e:
         fail(PROG, str(e))
-    print(f"wrote {out} ({settings.world_size} serving ranks)", flush=True)
+    print(f"wrote {out} ({num_ranks(settings.world_size, 'serving rank')})", flush=True)
 
 
 def main() -> None:

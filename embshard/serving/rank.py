@@ -1,7 +1,9 @@
 """One rank of embshard-serve: join the group, load the shards, then serve (rank 0) or follow.
 
 Ranks other than 0 ignore SIGTERM/SIGINT: they stop when rank 0 sends STOP (it does on
-those signals), or when the group breaks because rank 0 is gone.
+those signals), or when the group breaks because rank 0 is gone. When another rank is gone,
+rank 0 names it and how it ended, as the local launcher saw it (`reported_exits`), in its
+log and in /healthz.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import asyncio
 import os
 import signal
 import warnings
+from typing import Callable, TypeVar
 
 import torch.distributed as dist
 
 from embshard.cli import EXIT_BAD_INPUT, fail
-from embshard.serving.batching import Batcher
+from embshard.serving.batching import Batcher, GroupBroken
 from embshard.serving.config import EXIT_FAILED, PROG, ServeSettings
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ArtifactError, Predictor
@@ -23,7 +26,10 @@ from embshard.serving.workers import RankWorker
 from embshard.topology import Topology
 from embshard.train import distributed
 from embshard.train.distributed import LOST_GROUP, lost_group
-from embshard.train.launcher import under_torchrun
+from embshard.train.launcher import reported_exits, under_torchrun
+
+LAUNCHER_NOTICE_S = 2.0  # how long rank 0 waits for the launcher to report a rank it lost
+T = TypeVar("T")
 
 
 def run_rank(settings: ServeSettings) -> None:
@@ -44,7 +50,7 @@ def run_rank(settings: ServeSettings) -> None:
             return
         broken = asyncio.run(serve_rank0(worker, memory, settings))
         if broken is not None:
-            fail(PROG, f"rank 0: {broken}", EXIT_FAILED)
+            fail(PROG, broken, EXIT_FAILED)
     except ArtifactError as e:  # raised on every rank with the same message
         if ctx is None or ctx.is_main:
             fail(PROG, str(e))
@@ -64,8 +70,22 @@ def run_rank(settings: ServeSettings) -> None:
 async def serve_rank0(worker: RankWorker, memory: list[dict[str, int]], settings: ServeSettings) -> str | None:
     """Rank 0: the HTTP server until SIGTERM/SIGINT; why the group broke, if it did."""
     metrics = ServingMetrics(memory, queue_depth=lambda: batcher.queue_depth())
-    batcher = Batcher(worker.run_batch, worker.heartbeat, worker.stop, settings.batching, settings.server.heartbeat_ms,
-                      metrics)
+    batcher = Batcher(naming_lost_ranks(worker.run_batch), naming_lost_ranks(worker.heartbeat),
+                      naming_lost_ranks(worker.stop), settings.batching, settings.server.heartbeat_ms, metrics)
     app = build_app(worker.predictor.schema, batcher, metrics, settings.server)
     await serve(app, batcher, settings.server, worker.world_size)
     return batcher.broken
+
+
+def naming_lost_ranks(exchange: Callable[..., T]) -> Callable[..., T]:
+    """``exchange``, whose failure for a lost rank becomes a `GroupBroken` naming the rank and how it ended
+    (when the local launcher reports it; otherwise the failure as it was)."""
+    def run(*args) -> T:
+        try:
+            return exchange(*args)
+        except (dist.DistError, RuntimeError) as e:
+            reasons = reported_exits(LAUNCHER_NOTICE_S) if lost_group(e) else []
+            if not reasons:
+                raise
+            raise GroupBroken(f"{'; '.join(reasons)}, so the ranks cannot serve; restart {PROG}") from e
+    return run

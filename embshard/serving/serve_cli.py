@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
-from embshard.serving.config import PROG, ServeSettings, register, settings_from_config
+from embshard.serving.config import PROG, ServeSettings, num_ranks, register, settings_from_config
 from embshard.train.launcher import launch, under_torchrun
 from embshard.train.main import child_args, user_env
 
@@ -43,11 +43,11 @@ def export_checkpoint(settings: ServeSettings) -> ServeSettings:
     out = Path(options.out) if options.out else settings.checkpoint / "serving_artifact"
     try:
         artifact = export(ExportSettings(checkpoint=settings.checkpoint, out=out, world_size=settings.launcher.nproc,
-                                         dtype=options.dtype, table_dtypes=options.table_dtypes,
+                                         dtype=options.dtype, table_dtypes=options.table_dtypes, split=options.split,
                                          overwrite=not options.out))
     except ValueError as e:
         fail(PROG, f"checkpoint={settings.checkpoint}: {e}")
-    print(f"{PROG}: exported {settings.checkpoint} to {artifact} ({settings.launcher.nproc} rank(s))", flush=True)
+    print(f"{PROG}: exported {settings.checkpoint} to {artifact} ({num_ranks(settings.launcher.nproc)})", flush=True)
     return replace(settings, artifact=artifact, checkpoint=None)
 
 

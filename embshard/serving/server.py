@@ -1,10 +1,14 @@
 """Rank 0's HTTP front end (aiohttp): /predict, /lookup, /healthz, /metrics.
 
-Handlers parse and check the request (4xx naming the field), queue it in the `Batcher`
-and wait for its slice of the batch's result; they never touch a collective. Errors are
-JSON ``{"error": "..."}``: 400/413 for bad requests, 503 for a request that timed out in
-the ranks or a broken group (then /healthz is 503 too, with the reason). `serve` runs until
-SIGTERM/SIGINT, then stops listening, finishes the requests in flight and stops the ranks.
+Handlers read the body (408 past ``read_timeout_ms``), parse and check it (4xx naming the
+field; a large body on a worker thread), queue it in the `Batcher` and wait for its slice of
+the batch's result; they never touch a collective. Errors are JSON ``{"error": "..."}``:
+400/413 for bad requests, 503 for a request that timed out in the ranks or a broken group
+(then /healthz is 503 too, with the reason), 500 for a bug; /metrics counts every status.
+Headers must arrive within ``read_timeout_ms`` of the connection opening (or of the last
+answer), else the connection is closed. `serve` runs until SIGTERM/SIGINT (more signals
+while stopping change nothing), then stops listening, finishes the requests in flight,
+stops the ranks and removes the port file.
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ import asyncio
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from aiohttp import web
 
 from embshard.fsutil import write_text_atomic
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
-from embshard.serving.config import ServerConfig
+from embshard.serving.config import ServerConfig, num_ranks
 from embshard.serving.metrics import ServingMetrics
 from embshard.serving.predictor import ServingSchema
-from embshard.serving.requests import RequestError, parse_lookup, parse_predict
+from embshard.serving.requests import RequestError, parse_lookup, parse_off_loop, parse_predict
 
 DEBUG_DELAY_HEADER = "X-Embshard-Debug-Delay-Ms"
 ENDPOINTS = ("/predict", "/lookup", "/healthz", "/metrics")
@@ -32,7 +37,12 @@ def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, 
     timeout_s = config.request_timeout_ms / 1000
 
     async def answer(request: web.Request, parse, key_of, to_json) -> web.Response:
-        parsed = parse(await request.read(), schema, config.max_request_samples)
+        try:
+            raw = await asyncio.wait_for(request.read(), config.read_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise RequestError(f"body: not received within server.read_timeout_ms={config.read_timeout_ms:g}; send the "
+                               "whole body at once", status=408) from None
+        parsed = await parse_off_loop(parse, raw, schema, config)
         key = key_of(parsed, _debug_delay_ms(request, config))
         try:
             result = await batcher.submit(key, parsed, parsed.num_samples, timeout_s)
@@ -70,7 +80,12 @@ def build_app(schema: ServingSchema, batcher: Batcher, metrics: ServingMetrics, 
             response = _error(e.status, str(e))
         except web.HTTPException as e:  # aiohttp's own (404, 405, 413 body too large)
             response = _error(e.status, e.reason if e.status != 413 else
-                              f"body: larger than max_body_bytes={config.max_body_bytes}; split the request")
+                              f"body: larger than server.max_body_bytes={config.max_body_bytes}; split the request")
+        except Exception as e:  # noqa: BLE001 - a bug: answered (and counted) as JSON, logged with its traceback
+            traceback.print_exc(file=sys.stderr)
+            response = _error(500, f"internal error ({type(e).__name__}); see the server's log")
+        if response.status == 408:
+            response.force_close()  # the rest of the body is not awaited on this connection
         endpoint = request.path if request.path in ENDPOINTS else "other"
         metrics.record_request(endpoint, response.status, (time.perf_counter() - start) * 1000)
         return response
@@ -97,29 +112,51 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-async def serve(app: web.Application, batcher: Batcher, config: ServerConfig, world_size: int) -> None:
-    """Listen until SIGTERM/SIGINT, then stop: no new connections, requests in flight finish, ranks stop."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    batcher.start()
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=config.shutdown_timeout_s)
+async def start_site(app: web.Application, config: ServerConfig) -> tuple[web.AppRunner, int]:
+    """Listen on ``config.host``/``port``; the runner and the port. ValueError if the port is taken."""
+    read_timeout_s = config.read_timeout_ms / 1000
+    # keepalive_timeout also runs from the connection's start, so it bounds the wait for headers;
+    # lingering_time bounds the wait for the rest of a body that was refused (408, 413)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=config.shutdown_timeout_s,
+                           keepalive_timeout=read_timeout_s, lingering_time=read_timeout_s)
     await runner.setup()
     try:
         await web.TCPSite(runner, config.host, config.port).start()
     except OSError as e:
         await runner.cleanup()
-        await batcher.close(config.shutdown_timeout_s)
         raise ValueError(f"server.host/port: cannot listen on {config.host}:{config.port} ({e.strerror}); choose "
                          "another port (server.port=0 picks a free one)") from None
-    port = runner.addresses[0][1]
-    print(f"embshard-serve: listening on http://{config.host}:{port} ({world_size} rank(s))", flush=True)
-    if config.port_file:
-        write_text_atomic(Path(config.port_file), f"{port}\n")
-    await stop.wait()
-    print("embshard-serve: stopping", file=sys.stderr, flush=True)
-    await runner.cleanup()
-    await batcher.close(config.shutdown_timeout_s)
+    return runner, runner.addresses[0][1]
 
 
+async def serve(app: web.Application, batcher: Batcher, config: ServerConfig, world_size: int) -> None:
+    """Listen until SIGTERM/SIGINT, then stop: no new connections, requests in flight finish, ranks stop."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum, frame) -> None:
+        try:
+            loop.call_soon_threadsafe(stop.set)
+        except RuntimeError:  # the loop is closed: the server has stopped already
+            pass
+    # plain handlers, not the loop's: they stay after the loop closes, so a later signal cannot kill a stopping rank
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    batcher.start()
+    try:
+        runner, port = await start_site(app, config)
+    except ValueError:
+        await batcher.close(config.shutdown_timeout_s)
+        raise
+    print(f"embshard-serve: listening on http://{config.host}:{port} ({num_ranks(world_size)})", flush=True)
+    port_file = Path(config.port_file) if config.port_file else None
+    if port_file is not None:
+        write_text_atomic(port_file, f"{port}\n")
+    try:
+        await stop.wait()
+        print("embshard-serve: stopping", file=sys.stderr, flush=True)
+        await runner.cleanup()
+        await batcher.close(config.shutdown_timeout_s)
+    finally:
+        if port_file is not None:
+            port_file.unlink(missing_ok=True)

@@ -1,13 +1,16 @@
-"""embshard-export: what an artifact holds, and bad input refused with one line and nothing left behind."""
+"""embshard-export: what an artifact holds (replicas, or with split=true none), file modes, and bad input
+refused with one line and nothing left behind."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from conftest import BIN
 from embshard.serving.artifact import MANIFEST, ArtifactError, read_manifest, sha256_file, verified_bytes
@@ -60,6 +63,8 @@ def test_a_changed_file_is_refused_by_name(artifact, tmp_path):
     ({"dtype": "bf16"}, r"dtype: must be one of"),
     ({"hbm_gib": 1e-6}, r"infeasible: .*Fix: raise topology.hbm_gib"),
     ({"checkpoint": Path("/nonexistent/run")}, r"checkpoint=/nonexistent/run: no such folder"),
+    ({"split": True, "constraints": {"tables": {"t3": {"sharding_types": ["data_parallel"]}}}},
+     r"split: constraints.tables.t3 allows only data_parallel"),
 ])
 def test_bad_settings_are_refused_before_anything_is_written(trained_run, tmp_path, change, message):
     out = tmp_path / "artifact"
@@ -92,6 +97,28 @@ def test_a_damaged_or_missing_checkpoint_is_refused_naming_the_file(trained_run,
     assert leftovers(tmp_path) == ["empty", "run"]
 
 
+def test_split_holds_every_row_once_and_files_have_normal_modes(trained_run, tmp_path):
+    """By default the planner replicates these small tables (both rank files alike); split=true keeps every
+    row on one rank only. Every file of an artifact has the mode of a normal file (0666 less the umask)."""
+    def rank_elements(folder: Path) -> list[dict[str, int]]:
+        return [{k: t.numel() for k, t in load_file(folder / f"rank_{r}.safetensors").items()} for r in range(2)]
+    default = export(ExportSettings(checkpoint=trained_run, out=tmp_path / "default", time_budget_s=0.5))
+    specs = {t["name"]: t["num_embeddings"] * t["embedding_dim"]
+             for t in json.loads((default / "model.json").read_text())["tables"]}
+    replicated = rank_elements(default)
+    assert replicated[0] == replicated[1] == {f"{t}.weight": n for t, n in specs.items()}
+    split = export(ExportSettings(checkpoint=trained_run, out=tmp_path / "split", split=True, time_budget_s=0.5))
+    held = rank_elements(split)
+    assert held[0] != held[1] and all(sum(h.values()) < sum(specs.values()) for h in held), held
+    assert {t: sum(h.get(f"{t}.weight", 0) for h in held) for t in specs} == specs  # every row once
+    types = {t["name"]: t["sharding_type"] for t in json.loads((split / "plan.json").read_text())["tables"]}
+    assert set(types) == set(specs) and "data_parallel" not in types.values(), types
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in split.iterdir()}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
 def test_existing_out_needs_overwrite(trained_run, artifact, tmp_path):
     existing = artifact("fp32", 2)
     with pytest.raises(ValueError, match="already exists; choose another folder or pass overwrite=true"):
@@ -120,7 +147,7 @@ def test_cli_bad_input_ends_in_one_line_and_no_artifact(trained_run, tmp_path):
              for name, (args, _) in cases.items()}
     stdout, stderr = good.communicate(timeout=180)
     assert good.returncode == 0, stderr[-2000:]
-    assert f"wrote {tmp_path / 'good'} (1 serving ranks)" in stdout
+    assert f"wrote {tmp_path / 'good'} (1 serving rank)" in stdout
     tables = json.loads((tmp_path / "good" / "model.json").read_text())["tables"]
     assert {t["name"]: t["dtype"] for t in tables} == {"t0": "int8", "t1": "fp16", "t2": "fp16", "t3": "fp16", "item": "fp16"}
     read_manifest(tmp_path / "good", 1)

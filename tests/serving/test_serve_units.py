@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
-from embshard.serving.config import BatchingConfig
+from embshard.serving.config import BatchingConfig, ServerConfig
 from embshard.serving.metrics import ServingMetrics, percentile
 from embshard.serving.predictor import ServingSchema
 from embshard.serving.requests import RequestError, merge_predicts, parse_lookup, parse_predict
@@ -19,6 +19,9 @@ from embshard.serving.workers import rank_kjt, share
 
 SCHEMA = ServingSchema(num_dense=2, sparse_features={"a": 10, "b": 5}, sequence_features=(),
                        embedding_dims={"a": 4, "b": 4}, table_dtypes={"a": "fp32", "b": "int8"}, world_size=2)
+
+
+LIMITS = ServerConfig(max_request_samples=8, max_bag_ids=4, max_request_ids=6)
 
 
 def body(samples) -> bytes:
@@ -38,7 +41,8 @@ def test_rank_kjt_slices_every_feature():
     samples = [{"dense": [0, 1], "sparse": {"a": [1, 2], "b": []}},
                {"dense": [2, 3], "sparse": {"a": [], "b": [4]}},
                {"dense": [4, 5], "sparse": {"a": [3], "b": [0, 1, 2]}}]
-    merged = merge_predicts([parse_predict(body(samples[:1]), SCHEMA, 8), parse_predict(body(samples[1:]), SCHEMA, 8)])
+    merged = merge_predicts([parse_predict(body(samples[:1]), SCHEMA, LIMITS),
+                             parse_predict(body(samples[1:]), SCHEMA, LIMITS)])
     ids = torch.cat(merged.ids_by_feature)
     assert ids.tolist() == [1, 2, 3, 4, 0, 1, 2]
     for start, end in ((0, 1), (1, 3), (0, 3)):
@@ -51,11 +55,14 @@ def test_rank_kjt_slices_every_feature():
 
 
 def test_parse_predict_and_lookup():
-    request = parse_predict(body([{"dense": [1, 2.5], "sparse": {"a": [9], "b": [0, 4]}}]), SCHEMA, 8)
+    request = parse_predict(body([{"dense": [1, 2.5], "sparse": {"a": [9], "b": [0, 4]}}]), SCHEMA, LIMITS)
     assert request.dense_BF.tolist() == [[1.0, 2.5]] and request.lengths_BF.tolist() == [[1, 2]]
     assert [t.tolist() for t in request.ids_by_feature] == [[9], [0, 4]]
-    lookup = parse_lookup(b'{"feature": "b", "ids": [4, 0]}', SCHEMA, 8)
+    lookup = parse_lookup(b'{"feature": "b", "ids": [4, 0]}', SCHEMA, LIMITS)
     assert lookup.feature == "b" and lookup.ids_N.tolist() == [4, 0]
+    slow = parse_predict(body([{"dense": [1, 2.5], "sparse": {"a": [9], "b": [0, 4]}}]), SCHEMA, LIMITS, yielding=True)
+    assert torch.equal(slow.dense_BF, request.dense_BF) and torch.equal(slow.lengths_BF, request.lengths_BF)
+    assert [t.tolist() for t in slow.ids_by_feature] == [[9], [0, 4]]
 
 
 @pytest.mark.parametrize("raw, status, field", [
@@ -65,12 +72,18 @@ def test_parse_predict_and_lookup():
     (body([{"dense": [1, 2], "sparse": {"a": [], "b": [5]}}]), 400, "samples[0].sparse.b[0]: id 5 out of range"),
     (body([{"dense": [1, 2], "sparse": {"a": [], "b": []}, "extra": 1}]), 400, "samples[0].extra: unknown field"),
     (body([{"dense": [1, 2], "sparse": []}]), 400, "samples[0].sparse: expected an object"),
-    (body([{"dense": [1, 2], "sparse": {"a": [], "b": []}}] * 9), 413, "max_request_samples=8"),
+    (body([{"dense": [1, 2], "sparse": {"a": [], "b": []}}] * 9), 413, "server.max_request_samples=8"),
+    (body([{"dense": [1, 2], "sparse": {"a": [1] * 5, "b": []}}]), 413,
+     "samples[0].sparse.a: 5 ids in one bag, more than server.max_bag_ids=4"),
+    (body([{"dense": [1, 2], "sparse": {"a": [1] * 4, "b": []}}, {"dense": [1, 2], "sparse": {"a": [1], "b": [1, 2]}}]),
+     413, "samples[1].sparse.b: the request holds more than server.max_request_ids=6"),
+    (b'{"samples": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "body: JSON nested too deeply"),
 ])
 def test_parse_predict_refuses_with_the_field(raw, status, field):
-    with pytest.raises(RequestError) as e:
-        parse_predict(raw, SCHEMA, 8)
-    assert e.value.status == status and field in str(e.value), str(e.value)
+    for yielding in (False, True):
+        with pytest.raises(RequestError) as e:
+            parse_predict(raw, SCHEMA, LIMITS, yielding=yielding)
+        assert e.value.status == status and field in str(e.value), str(e.value)
 
 
 def test_percentile_nearest_rank():
