@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 
 from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout, Samples, to_batch
+from embshard.data.config import check_files
 from embshard.data.malformed import MalformedLog
 
 NUM_CATEGORICAL = 26
@@ -55,18 +56,17 @@ def parse_line(line: bytes, rows: list[int]) -> tuple[float, list[float], list[i
 
 class TsvStream:
     def __init__(self, files: tuple[str, ...], layout: FeatureLayout, rank: int, world_size: int, batch_size: int,
-                 strict: bool = False, position: dict[str, Any] | None = None, skip_samples: int = 0) -> None:
+                 strict: bool = False, position: dict[str, Any] | None = None, skip_samples: int = 0,
+                 key: str = "data.train_files") -> None:
         check_layout(layout, "data=criteo_tsv")
         if not files:
             raise ValueError("data.train_files / data.eval_files: no files given; list the Criteo .tsv/.txt day files")
         self.layout, self.rank, self.world_size, self.batch_size = layout, rank, world_size, batch_size
         self.rows = [f.num_embeddings for f in layout.pooled]
+        check_files(files, key)
         self.ranges = []
         for path in files:
-            try:
-                size = os.path.getsize(path)
-            except OSError as e:
-                raise ValueError(f"data: cannot read Criteo file {path!r} ({e.strerror}); check data.train_files/eval_files") from None
+            size = os.path.getsize(path)
             self.ranges.append((path, size * rank // world_size, size * (rank + 1) // world_size))
         self.malformed = MalformedLog(strict)
         self.samples_consumed = 0  # by all ranks, as counted by the trainer

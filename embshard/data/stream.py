@@ -75,7 +75,7 @@ def open_stream(config: DataConfig, layout: FeatureLayout, rank: int, world_size
     else:
         files = config.train_files if split == "train" else config.eval_files
         skip = 0 if position is not None else samples_consumed // world_size
-        stream = TsvStream(files, layout, rank, world_size, batch_size, config.strict, position, skip)
+        stream = TsvStream(files, layout, rank, world_size, batch_size, config.strict, position, skip, f"data.{split}_files")
         stream.samples_consumed = samples_consumed
     return stream
 
