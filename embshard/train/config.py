@@ -43,7 +43,9 @@ class PlannerConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every_steps: int = 100  # 0: only after the last step
-    num_batches: int = 20  # per rank, of topology.batch_size_per_rank samples
+    # synthetic data: the eval set is the first num_samples samples of its eval split; Criteo files: every
+    # sample of data.eval_files / eval_days. Each is evaluated once, whatever the number of ranks.
+    num_samples: int = 20_480
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def run_specs(tables: list[Any], model: DLRMConfig, table_optimizer: str | None)
 
 def check(s: TrainSettings) -> None:
     positive = {"steps": s.steps, "log_every_steps": s.log_every_steps,
-                "eval.num_batches": s.eval.num_batches, "checkpoint.keep_last": s.checkpoint.keep_last,
+                "eval.num_samples": s.eval.num_samples, "checkpoint.keep_last": s.checkpoint.keep_last,
                 "planner.time_budget_s": s.planner.time_budget_s, "planner.ilp_time_s": s.planner.ilp_time_s,
                 "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
     for key, value in positive.items():

@@ -45,6 +45,7 @@ SHARDING = [f"+constraints.tables.{t}.sharding_types={types}" for t, types in LA
 SEQUENCE = ["model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6"]
 BATCH = 64  # per rank of A; the unsharded reference takes 2 x 64
 KILL_TIMEOUT_S = 20  # K's collective timeout
+EVAL_SAMPLES = 500  # not a multiple of 2 x 64 or 3 x 64: the last eval batch is short on 2 ranks, empty on rank 2 of 3
 config.register()
 
 
@@ -89,7 +90,7 @@ def metrics(out: Path, split: str = "train") -> list[dict]:
 def base(config_dir: Path, tables: str = "tiny") -> list[str]:
     synthetic = ["data.signal=3", *SEQUENCE] if tables == "tiny" else []
     return [f"--config-dir={config_dir}", f"tables={tables}", *MODEL, *FAST_PLANNER, *synthetic,
-            "launcher.collective_timeout_s=60", "log_every_steps=1", "eval.num_batches=4"]
+            "launcher.collective_timeout_s=60", "log_every_steps=1", f"eval.num_samples={EVAL_SAMPLES}"]
 
 
 def in_process(args: list[str], out: Path) -> str:
@@ -117,7 +118,7 @@ def stage1(config_dir, tmp_path_factory) -> dict:
     lines[3], lines[50] = "1\t2\t3", tsv_line(50).replace("\t", "\tx", 1)
     (tmp / "day_0.tsv").write_text("\n".join(lines) + "\n")
     tsv = [*base(config_dir, "criteo26"), "data=criteo_tsv", f"data.train_files=[{tmp}/day_0.tsv]",
-           f"data.eval_files=[{tmp}/day_0.tsv]", "steps=4", "topology.batch_size_per_rank=32", "eval.num_batches=1"]
+           f"data.eval_files=[{tmp}/day_0.tsv]", "steps=4", "topology.batch_size_per_rank=32"]
     runs = {
         "A": start(tmp, "A", [*base(config_dir), *SHARDING, "launcher.nproc=2", "steps=60",
                               f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "checkpoint.every_steps=10",
@@ -125,7 +126,7 @@ def stage1(config_dir, tmp_path_factory) -> dict:
         "strict": start(tmp, "strict", [*tsv, "unsharded=true", "data.strict=true"]),
         # one sharded process, then 2 local ranks: the launcher under --multirun
         "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "launcher.nproc=1,2", "steps=2",
-                                      "topology.batch_size_per_rank=16", "eval.num_batches=1", f"hydra.sweep.dir={tmp}/sweep"],
+                                      "topology.batch_size_per_rank=16", "eval.num_samples=32", f"hydra.sweep.dir={tmp}/sweep"],
                        out_dir=False),
     }
     runs["K"] = start(tmp, "K", [*base(config_dir), "launcher.nproc=2", f"launcher.collective_timeout_s={KILL_TIMEOUT_S}",
@@ -175,9 +176,15 @@ def test_planted_signal_reaches_auc_075(stage1) -> None:
     assert sorted(p.name for p in (a.out / "checkpoints" / "step_000060").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+def test_eval_reads_a_tsv_file_once_and_counts_its_valid_lines(stage1) -> None:
+    # 200 lines of which 2 are malformed; 4 x 32 samples trained: eval neither stops there nor wraps around
+    assert "(198 eval samples)" in stage1["local"]["tsv"]
+    assert [r["samples"] for r in metrics(stage1["tmp"] / "tsv", "eval")] == [198]
+
+
 def test_malformed_lines_are_reported_or_stop_a_strict_run(stage1) -> None:
-    # lines 3 and 50 while training, line 3 again in the eval pass over the same file
-    assert "data: skipped 3 malformed record(s), e.g." in stage1["local"]["tsv"]
+    # lines 3 and 50 while training, and again in the eval pass over the whole file
+    assert "data: skipped 4 malformed record(s), e.g." in stage1["local"]["tsv"]
     assert list((stage1["tmp"] / "tsv" / "tensorboard").glob("events.out.tfevents.*"))
     strict = stage1["strict"]
     assert strict.proc.returncode == 2 and len(strict.errors) == 1, strict.text[-3000:]
@@ -232,6 +239,11 @@ def test_checkpoint_loads_into_another_world_size_and_plan(stage1, stage2, name:
     assert "(saved by 2 ranks; resharded)" in text
     want, got = read_tables(stage1["A"].out / "checkpoints"), read_tables(out / "checkpoints")
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    # A's last weights evaluated on 3 ranks and on 1: the same eval set, each sample once
+    evaluated, reference = metrics(out, "eval")[-1], metrics(stage1["A"].out, "eval")[-1]
+    assert evaluated["step"] == reference["step"] == 60
+    assert evaluated["samples"] == reference["samples"] == EVAL_SAMPLES and f"({EVAL_SAMPLES} eval samples)" in text
+    assert abs(evaluated["auc"] - reference["auc"]) < 1e-6 and abs(evaluated["logloss"] - reference["logloss"]) < 1e-6
 
 
 def test_killed_rank_stops_the_others_within_the_collective_timeout(stage1) -> None:
