@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from embshard.ports import free_port
+from embshard.topology import Topology
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 EXIT_GRACE_S = 10.0  # beyond the collective timeout, for ranks to print their error and exit
@@ -35,6 +36,15 @@ class LauncherConfig:
 
 def under_torchrun() -> bool:
     return all(k in os.environ for k in RANK_ENV)
+
+
+def check_ranks(topology: Topology, world_size: int, local_world_size: int) -> None:
+    """The topology must describe the ranks that run (checked by the launcher too, before it starts them)."""
+    if topology.world_size != world_size or topology.local_world_size != local_world_size:
+        raise ValueError(f"topology: world_size={topology.world_size}, local_world_size={topology.local_world_size} but "
+                         f"{world_size} rank(s) run, {local_world_size} per host; drop the topology.world_size/"
+                         "local_world_size overrides (the world size follows launcher.nproc or torchrun) or start as "
+                         "many ranks")
 
 
 class _Terminated(Exception):

@@ -2,7 +2,8 @@
 
 Stage 1 (concurrently): A = 2 local ranks for 60 steps on a planted-signal set, with each
 table on another sharding type and a user-history feature (sequence table, row-wise); a strict run on Criteo TSV with a malformed line; a Hydra
---multirun sweep; K = 2 ranks of which one is killed after its first step. Meanwhile, in
+--multirun sweep; two 2-rank TSV runs that fail at their first batch, on every rank or on rank 1 only;
+K = 2 ranks of which one is killed after its first step. Meanwhile, in
 this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
 TSV run that skips malformed lines (with TensorBoard). Stage 2, from A's checkpoints: B = torchrun resuming A
 at step 30, and A's last checkpoint on 3 ranks (another plan) and in one process
@@ -129,6 +130,14 @@ def stage1(config_dir, tmp_path_factory) -> dict:
                                       "topology.batch_size_per_rank=16", "eval.num_samples=32", f"hydra.sweep.dir={tmp}/sweep"],
                        out_dir=False),
     }
+    # 2 ranks fail at their first batch: every rank (all lines malformed), or rank 1 only (strict; a bad line in its half)
+    (tmp / "junk.tsv").write_text("garbage\tline\n" * 100)
+    late = [tsv_line(i) for i in range(200)]
+    late[150] = "1\t2\t3"
+    (tmp / "late_bad.tsv").write_text("\n".join(late) + "\n")
+    two_ranks = [*tsv, "launcher.nproc=2"]
+    runs["bad_all"] = start(tmp, "bad_all", [*two_ranks, f"data.train_files=[{tmp}/junk.tsv]"])
+    runs["bad_one"] = start(tmp, "bad_one", [*two_ranks, f"data.train_files=[{tmp}/late_bad.tsv]", "data.strict=true"])
     runs["K"] = start(tmp, "K", [*base(config_dir), "launcher.nproc=2", f"launcher.collective_timeout_s={KILL_TIMEOUT_S}",
                                  "steps=100000", "topology.batch_size_per_rank=32", "eval.every_steps=0"])
     local = {"U": in_process([*base(config_dir), "steps=10", f"topology.batch_size_per_rank={2 * BATCH}",
@@ -190,6 +199,16 @@ def test_malformed_lines_are_reported_or_stop_a_strict_run(stage1) -> None:
     assert strict.proc.returncode == 2 and len(strict.errors) == 1, strict.text[-3000:]
     assert "day_0.tsv byte " in strict.errors[0] and "expected 40 tab-separated fields, got 3" in strict.errors[0]
     assert "Traceback" not in strict.text
+
+
+def test_an_error_of_every_rank_or_of_one_is_printed_once(stage1) -> None:
+    every, one = stage1["bad_all"], stage1["bad_one"]
+    assert every.proc.returncode == 2 and len(every.errors) == 1, every.text[-3000:]
+    assert "'s share of [" in every.errors[0] and "junk.tsv'] is malformed" in every.errors[0]
+    # rank 0, left waiting for rank 1, does not add "lost contact"; the run exits with the reported error's status
+    assert one.proc.returncode == 2 and len(one.errors) == 1, one.text[-3000:]
+    assert "error: rank 1: " in one.errors[0] and "late_bad.tsv byte " in one.errors[0] and "got 3" in one.errors[0]
+    assert "Traceback" not in every.text + one.text and "Error executing job" not in every.text + one.text
 
 
 def test_multirun_sweep_runs_every_job(stage1) -> None:
