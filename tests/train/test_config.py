@@ -147,6 +147,8 @@ CLI_CASES = {
     "not_utf8": (["--config-dir={tmp}", "tables=picture", "launcher.nproc=2"],
                  "{tmp}/tables/picture.yaml: not UTF-8 text (invalid start byte at byte 0)"),
     "no_ranks": (["launcher.nproc=0"], "launcher.nproc: must be a positive number of local ranks, got 0"),
+    "ranks_mismatch": (["launcher.nproc=2", "topology.world_size=4"],
+                       "topology: world_size=4, local_world_size=2 but 2 rank(s) run, 2 per host"),
     "data_dir": (["launcher.nproc=2", "data=criteo_tsv", "data.train_files=[{tmp}]", "data.eval_files=[{tmp}]"],
                  "data.train_files[0]: {tmp} is a directory, not a Criteo day file"),
 }
