@@ -93,7 +93,6 @@ def open_stream(config: DataConfig, layout: FeatureLayout, rank: int, world_size
     return stream
 
 
-
 def open_eval_pass(config: DataConfig, layout: FeatureLayout, rank: int, world_size: int, batch_size: int,
                    num_samples: int) -> Stream:
     """This rank's share of the eval set, in batches of at most ``batch_size``, each sample once: synthetic data,

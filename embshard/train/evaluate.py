@@ -1,4 +1,4 @@
-"""Evaluation: AUC and log loss over a fixed eval set, each sample once (torchmetrics, synced over ranks).
+"""Evaluation: AUC (torchmetrics, synced over ranks) and log loss over a fixed eval set, each sample once.
 
 Every rank takes part in each forward (the sharded model's collectives need all of them):
 a rank whose share ran out, or whose part of the last global batch is empty, runs an empty
@@ -13,7 +13,6 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics.aggregation import SumMetric
 from torchmetrics.classification import BinaryAUROC
 
 from embshard.data.batch import Batch, FeatureLayout, Samples, to_batch
@@ -25,9 +24,8 @@ def evaluate(model: nn.Module, batches: Iterator[Batch], layout: FeatureLayout, 
     """{"auc", "logloss", "samples"} of the model over every rank's ``batches`` (an eval pass)."""
     sync = {"process_group": ctx.pg} if ctx.pg is not None else {"sync_on_compute": False}
     auroc = BinaryAUROC(**sync).to(ctx.device)
-    loss_sum = SumMetric(**sync).to(ctx.device)
     empty = None
-    num_samples = 0
+    loss_sum, num_samples = 0.0, 0  # this rank's
     model.eval()
     try:
         while True:
@@ -41,12 +39,12 @@ def evaluate(model: nn.Module, batches: Iterator[Batch], layout: FeatureLayout, 
             batch = batch.to(ctx.device)
             logits = model(batch.dense, batch.sparse, batch.sequence)
             auroc.update(torch.sigmoid(logits), batch.labels.int())
-            loss_sum.update(F.binary_cross_entropy_with_logits(logits.double(), batch.labels.double(), reduction="sum"))
+            loss_sum += float(F.binary_cross_entropy_with_logits(logits.double(), batch.labels.double(), reduction="sum"))
             num_samples += batch.size
-        total = int(all_sum(ctx, [float(num_samples)])[0])
+        loss_sum, total = all_sum(ctx, [loss_sum, float(num_samples)])
         if total == 0:
             raise ValueError("eval: the eval set holds no valid samples; check data.eval_files / eval_days "
                              "(or eval.num_samples)")
-        return {"auc": float(auroc.compute()), "logloss": float(loss_sum.compute()) / total, "samples": total}
+        return {"auc": float(auroc.compute()), "logloss": loss_sum / total, "samples": int(total)}
     finally:
         model.train()

@@ -17,6 +17,9 @@ from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:
     # The runtime's header gather uses all_gather_into_tensor, which torch 2.13 flags as deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
+    # torchmetrics 1.0's gather of uneven shards (the eval set's last batches) indexes in a way torch 2.13 flags.
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
+                            category=UserWarning, module="torchmetrics")
     ctx = None
     failure = None  # (message, exit status, whether it is the loss of a peer)
     try:
