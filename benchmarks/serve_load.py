@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 64)
 SERVERS = (("reference", None, None), ("embshard 1 fp32", 1, "fp32"), ("embshard 1 int8", 1, "int8"),
            ("embshard 2 fp32", 2, "fp32"), ("embshard 2 int8", 2, "int8"))  # name, ranks, dtype
-TRAIN_ARGS = ["launcher.nproc=2", "steps=60", "eval.every_steps=0", "eval.num_batches=2", "planner.time_budget_s=1"]
+TRAIN_ARGS = ["launcher.nproc=2", "steps=60", "eval.every_steps=0", "eval.num_samples=2048", "planner.time_budget_s=1"]
 
 
 class UnshardedPredictor:

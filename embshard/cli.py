@@ -6,9 +6,9 @@
         run_hydra_app("embshard-plan", hydra_main)   # hydra_main: the @hydra.main function
 
 Bad input ends with exit status 2 and ``PROG: error: ...`` on one stderr line, no traceback.
-Hydra prints its own config errors (unknown option, bad override, unreadable YAML) over
-several lines; `run_hydra_app` makes Hydra raise them instead and ends them the same way,
-unless the user set HYDRA_FULL_ERROR=1 to see Hydra's tracebacks.
+Hydra prints its own config errors (unknown option, bad override, unreadable YAML, a config
+file that is not UTF-8 text) over several lines; `run_hydra_app` makes Hydra raise them instead
+and ends them the same way, unless the user set HYDRA_FULL_ERROR=1 to see Hydra's tracebacks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Callable, NoReturn
 
 import yaml
@@ -46,5 +47,18 @@ def run_hydra_app(prog: str, hydra_main: Callable[[], None]) -> None:
         if e.__cause__ is not None:  # "Error merging override x=y" says what, its cause says why
             message += ": " + str(e.__cause__).split("\n    full_key")[0]
         fail(prog, message)
+    except UnicodeDecodeError as e:  # Hydra reads config files as UTF-8 text
+        where = _file_being_read(e.__traceback__) or "a config file"
+        fail(prog, f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); config files are YAML in UTF-8: check "
+                   "that tables=NAME (or --config-dir) names the file you meant")
     finally:
         del os.environ["HYDRA_FULL_ERROR"]
+
+
+def _file_being_read(tb: TracebackType | None) -> str | None:
+    """The config file Hydra was reading where ``tb`` ends (its FileConfigSource's ``full_path``), if any."""
+    path = None
+    while tb is not None:
+        path = tb.tb_frame.f_locals.get("full_path", path)
+        tb = tb.tb_next
+    return path if isinstance(path, str) else None

@@ -38,6 +38,7 @@ tables:
     "noheader.yaml": "tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\n",
     "broken.yaml": "# @package _global_\ntables: [{name: a, num_embeddings: 10\n",
 }
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # a picture given as a tables file
 
 # name -> (extra arguments, text the one-line error must contain)
 BAD = {
@@ -50,6 +51,7 @@ BAD = {
     "constraint_missing_table": (["constraints.keep_together=[[cat_0,nope]]"], "constraints.keep_together[0]: no table named 'nope'"),
     "constraint_missing_rank": (["+constraints.tables.cat_0.ranks=[99]"], "constraints.tables.cat_0.ranks[0]: rank 99 does not exist"),
     "unreadable_file": (["--config-dir", "{user}", "tables=broken"], "broken.yaml"),
+    "not_utf8": (["--config-dir", "{user}", "tables=picture"], "tables/picture.yaml: not UTF-8 text (invalid start byte"),
     "missing_header": (["--config-dir", "{user}", "tables=noheader"], "# @package _global_"),
     "unknown_option": (["tables=nope"], "Could not find 'tables/nope'"),
     "bad_override": (["topology.world_size=="], "Error parsing override 'topology.world_size=='"),
@@ -66,6 +68,7 @@ def runs(tmp_path_factory):
     (user / "tables").mkdir(parents=True)
     for name, text in USER_FILES.items():
         (user / "tables" / name).write_text(text)
+    (user / "tables" / "picture.yaml").write_bytes(PNG)
     commands = {
         "file_topology": ["tables=criteo_tb", *FAST],
         "override_topology": ["tables=criteo_tb", "topology.world_size=8", "topology.hbm_gib=40",

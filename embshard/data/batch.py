@@ -61,6 +61,13 @@ class Samples:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @staticmethod
+    def empty(layout: FeatureLayout) -> "Samples":
+        """No samples (a rank's share of the last eval batches may be empty)."""
+        features = layout.features
+        return Samples(np.zeros((0, layout.num_dense), np.float32), np.zeros(0, np.float32),
+                       np.zeros((len(features), 0), np.int64), tuple(np.zeros(0, np.int64) for _ in features))
+
     def slice(self, start: int, stop: int) -> "Samples":
         offsets = np.concatenate([np.zeros((len(self.values), 1), np.int64), np.cumsum(self.lengths, axis=1)], axis=1)
         values = tuple(v[offsets[f, start]:offsets[f, stop]] for f, v in enumerate(self.values))

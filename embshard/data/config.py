@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Sequence, Union
 
 
 @dataclass(frozen=True)
@@ -38,3 +39,16 @@ class CriteoNpyConfig:
 
 
 DataConfig = Union[SyntheticConfig, CriteoTsvConfig, CriteoNpyConfig]
+
+
+def check_files(files: Sequence[str], key: str) -> None:
+    """Every entry of the list ``key`` (data.train_files, data.eval_files) is a file this process can read."""
+    for i, path in enumerate(files):
+        if os.path.isdir(path):
+            raise ValueError(f"{key}[{i}]: {path} is a directory, not a Criteo day file; list the files in it, "
+                             f"e.g. {key}=[{os.path.join(path, 'day_0')}]")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise ValueError(f"{key}[{i}]: cannot read Criteo file {path} ({e.strerror}); check the path") from None

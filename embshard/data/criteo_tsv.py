@@ -4,7 +4,8 @@ lines ``label, 13 integers, 26 hex strings`` with empty fields for missing value
     stream = TsvStream(CriteoTsvConfig(train_files=("day_0",)), layout, rank, world_size, batch_size)
 
 Rank r of W reads only its byte range [r/W, (r+1)/W) of every file (a line belongs to the
-range its first byte falls in) and wraps around to its first file at the end. Dense values
+range its first byte falls in) and wraps around to its first file at the end (``once``: stops
+there instead, after a last short batch: an eval pass). Dense values
 become log1p(max(x, 0)); a categorical value becomes int(hex, 16) % the table's rows (an
 empty one is 0). Malformed lines (field count, a label other than 0/1, a non-integer or
 non-hex field) are counted and skipped, or stop the run with ``strict``.
@@ -21,6 +22,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 
 from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout, Samples, to_batch
+from embshard.data.config import check_files
 from embshard.data.malformed import MalformedLog
 
 NUM_CATEGORICAL = 26
@@ -55,18 +57,18 @@ def parse_line(line: bytes, rows: list[int]) -> tuple[float, list[float], list[i
 
 class TsvStream:
     def __init__(self, files: tuple[str, ...], layout: FeatureLayout, rank: int, world_size: int, batch_size: int,
-                 strict: bool = False, position: dict[str, Any] | None = None, skip_samples: int = 0) -> None:
+                 strict: bool = False, position: dict[str, Any] | None = None, skip_samples: int = 0,
+                 key: str = "data.train_files", once: bool = False) -> None:
         check_layout(layout, "data=criteo_tsv")
         if not files:
             raise ValueError("data.train_files / data.eval_files: no files given; list the Criteo .tsv/.txt day files")
         self.layout, self.rank, self.world_size, self.batch_size = layout, rank, world_size, batch_size
+        self.once = once
         self.rows = [f.num_embeddings for f in layout.pooled]
+        check_files(files, key)
         self.ranges = []
         for path in files:
-            try:
-                size = os.path.getsize(path)
-            except OSError as e:
-                raise ValueError(f"data: cannot read Criteo file {path!r} ({e.strerror}); check data.train_files/eval_files") from None
+            size = os.path.getsize(path)
             self.ranges.append((path, size * rank // world_size, size * (rank + 1) // world_size))
         self.malformed = MalformedLog(strict)
         self.samples_consumed = 0  # by all ranks, as counted by the trainer
@@ -84,10 +86,17 @@ class TsvStream:
         return self
 
     def __next__(self) -> Batch:
-        parsed = [self._next_sample() for _ in range(self.batch_size)]
+        parsed = []
+        try:
+            while len(parsed) < self.batch_size:
+                parsed.append(self._next_sample())
+        except StopIteration:  # the end of a single pass (once)
+            if not parsed:
+                raise
         self.samples_consumed += self.world_size * self.batch_size
-        ids = np.array([p[2] for p in parsed], dtype=np.int64)  # [B, 26]
-        samples = Samples(np.array([p[1] for p in parsed], dtype=np.float32), np.array([p[0] for p in parsed], np.float32),
+        ids = np.array([p[2] for p in parsed], dtype=np.int64).reshape(-1, NUM_CATEGORICAL)  # [B, 26]
+        samples = Samples(np.array([p[1] for p in parsed], dtype=np.float32).reshape(-1, NUM_DENSE),
+                          np.array([p[0] for p in parsed], np.float32),
                           np.ones((NUM_CATEGORICAL, len(parsed)), np.int64), tuple(ids.T.copy()))
         return to_batch(samples, self.layout)
 
@@ -104,7 +113,7 @@ class TsvStream:
                                  f"malformed ({self.malformed.examples[0]}); check the files' format")
 
     def _lines(self, offset: int | None) -> Iterator[tuple[str, bytes]]:
-        """(where, line) of this rank's ranges, forever; sets self.offset to the next line's start."""
+        """(where, line) of this rank's ranges, forever (once: one pass); sets self.offset to the next line's start."""
         empty_passes = 0
         while True:
             found = False
@@ -123,6 +132,8 @@ class TsvStream:
             offset = None
             self.file += 1
             if self.file == len(self.ranges):
+                if self.once:
+                    return
                 self.file, self.epoch = 0, self.epoch + 1
                 empty_passes = 0 if found else empty_passes + 1
                 if empty_passes:

@@ -2,10 +2,12 @@
 serves random-access sample sources (synthetic, numpy files).
 
 Global batch s holds samples [s*G, (s+1)*G) of the source, G = world_size * batch_size;
-rank r reads only its part [s*G + r*B, s*G + (r+1)*B). The source wraps around at its
-end (epochs), so every rank always gets a batch and the ranks never disagree on the
-number of steps. The position is the count of samples consumed by all ranks together,
-which resumes exactly, on any world size.
+rank r reads only its part [s*G + r*B, s*G + (r+1)*B). For training the source wraps
+around at its end (epochs), so every rank always gets a batch and the ranks never disagree
+on the number of steps. The position is the count of samples consumed by all ranks
+together, which resumes exactly, on any world size. `open_eval_pass` reads a fixed eval set
+once instead: each sample on one rank, none twice, whatever the world size; the last
+batches are short, and a rank's may be empty or end early (TSV: its byte ranges run out).
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ class SampleSource(Protocol):
 
 
 class IndexedStream:
+    """``stop``: end after samples [0, stop) of the source, each read once (an eval pass); None: wrap around forever."""
+
     def __init__(self, source: SampleSource, layout: FeatureLayout, rank: int, world_size: int, batch_size: int,
-                 samples_consumed: int = 0) -> None:
+                 samples_consumed: int = 0, stop: int | None = None) -> None:
+        assert stop is None or source.num_samples is None or stop <= source.num_samples
         self.source, self.layout = source, layout
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
-        self.samples_consumed = samples_consumed
+        self.samples_consumed, self.stop = samples_consumed, stop
 
     @property
     def malformed(self) -> MalformedLog:
@@ -44,10 +49,18 @@ class IndexedStream:
 
     def __next__(self) -> Batch:
         start = self.samples_consumed + self.rank * self.batch_size
+        count = self.batch_size
+        if self.stop is not None:
+            if self.samples_consumed >= self.stop:
+                raise StopIteration
+            start = min(start, self.stop)
+            count = min(count, self.stop - start)
         self.samples_consumed += self.world_size * self.batch_size
-        return to_batch(self._read(start, self.batch_size), self.layout)
+        return to_batch(self._read(start, count), self.layout)
 
     def _read(self, start: int, count: int) -> Samples:
+        if count == 0:
+            return Samples.empty(self.layout)
         total = self.source.num_samples
         if total is None:
             return self.source.read(start, count)
@@ -75,7 +88,19 @@ def open_stream(config: DataConfig, layout: FeatureLayout, rank: int, world_size
     else:
         files = config.train_files if split == "train" else config.eval_files
         skip = 0 if position is not None else samples_consumed // world_size
-        stream = TsvStream(files, layout, rank, world_size, batch_size, config.strict, position, skip)
+        stream = TsvStream(files, layout, rank, world_size, batch_size, config.strict, position, skip, f"data.{split}_files")
         stream.samples_consumed = samples_consumed
     return stream
 
+
+def open_eval_pass(config: DataConfig, layout: FeatureLayout, rank: int, world_size: int, batch_size: int,
+                   num_samples: int) -> Stream:
+    """This rank's share of the eval set, in batches of at most ``batch_size``, each sample once: synthetic data,
+    its eval split's samples [0, num_samples); Criteo files, every sample of the eval files or days."""
+    if isinstance(config, SyntheticConfig):
+        return IndexedStream(SyntheticSource(config, layout, "eval"), layout, rank, world_size, batch_size, stop=num_samples)
+    if isinstance(config, CriteoNpyConfig):
+        source = NpySource(config, layout, "eval")
+        return IndexedStream(source, layout, rank, world_size, batch_size, stop=source.num_samples)
+    return TsvStream(config.eval_files, layout, rank, world_size, batch_size, config.strict, key="data.eval_files",
+                     once=True)

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig
+from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig, check_files
 from embshard.models.config import DLRMConfig
 from embshard.planner.types import Constraints
 from embshard.specs import TableSpec, tables_from_list
@@ -43,7 +43,9 @@ class PlannerConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every_steps: int = 100  # 0: only after the last step
-    num_batches: int = 20  # per rank, of topology.batch_size_per_rank samples
+    # synthetic data: the eval set is the first num_samples samples of its eval split; Criteo files: every
+    # sample of data.eval_files / eval_days. Each is evaluated once, whatever the number of ranks.
+    num_samples: int = 20_480
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     optim: OptimConfig = value_of(obj.optim)
     model: DLRMConfig = value_of(obj.model)
     specs = run_specs(raw["tables"], model, optim.table_optimizer)
+    launcher: LauncherConfig = value_of(obj.launcher)
+    if not launcher.nproc > 0:  # before the topology, whose world size follows it (configs/train_ranks.yaml)
+        raise ValueError(f"launcher.nproc: must be a positive number of local ranks, got {launcher.nproc}")
     topology = Topology.from_dict(raw["topology"])
     # The unsharded reference does not plan: its constraints (for a sharded run's ranks) are not used.
     constraints = Constraints() if obj.unsharded else \
@@ -131,7 +136,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     data = value_of(obj.data)
     settings = TrainSettings(
         specs=specs, topology=topology, constraints=constraints, planner=value_of(obj.planner), model=model, data=data,
-        optim=optim, launcher=value_of(obj.launcher), eval=value_of(obj.eval), checkpoint=value_of(obj.checkpoint),
+        optim=optim, launcher=launcher, eval=value_of(obj.eval), checkpoint=value_of(obj.checkpoint),
         steps=obj.steps, seed=obj.seed, log_every_steps=obj.log_every_steps, tensorboard=obj.tensorboard,
         unsharded=obj.unsharded, plan_file=obj.plan_file, out_dir=Path(obj.out_dir))
     check(settings)
@@ -153,8 +158,8 @@ def run_specs(tables: list[Any], model: DLRMConfig, table_optimizer: str | None)
 
 
 def check(s: TrainSettings) -> None:
-    positive = {"steps": s.steps, "log_every_steps": s.log_every_steps, "launcher.nproc": s.launcher.nproc,
-                "eval.num_batches": s.eval.num_batches, "checkpoint.keep_last": s.checkpoint.keep_last,
+    positive = {"steps": s.steps, "log_every_steps": s.log_every_steps,
+                "eval.num_samples": s.eval.num_samples, "checkpoint.keep_last": s.checkpoint.keep_last,
                 "planner.time_budget_s": s.planner.time_budget_s, "planner.ilp_time_s": s.planner.ilp_time_s,
                 "launcher.collective_timeout_s": s.launcher.collective_timeout_s}
     for key, value in positive.items():
@@ -180,4 +185,7 @@ def check(s: TrainSettings) -> None:
         if not eval_split:
             name = "eval_files" if isinstance(s.data, CriteoTsvConfig) else "eval_days"
             raise ValueError(f"data.{name}: empty; evaluation needs held-out data (e.g. data.{name}=[...])")
+    if isinstance(s.data, CriteoTsvConfig):  # here, before any rank starts
+        check_files(s.data.train_files, "data.train_files")
+        check_files(s.data.eval_files, "data.eval_files")
 

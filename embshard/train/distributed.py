@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from embshard.topology import Topology
-from embshard.train.launcher import under_torchrun
+from embshard.train.launcher import check_ranks, under_torchrun
 
 T = TypeVar("T")
 
@@ -48,10 +48,7 @@ def start(topology: Topology, timeout_s: float, with_group: bool = True) -> Rank
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1
-    if topology.world_size != world or topology.local_world_size != local_world:
-        raise ValueError(f"topology: world_size={topology.world_size}, local_world_size={topology.local_world_size} but "
-                         f"{world} rank(s) run, {local_world} per host; drop the topology.world_size/local_world_size "
-                         "overrides (the world size follows launcher.nproc or torchrun) or start as many ranks")
+    check_ranks(topology, world, local_world)
     if topology.device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("topology.device: cuda, but no GPU is visible; use topology=train_cpu")

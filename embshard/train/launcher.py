@@ -27,6 +27,7 @@ from typing import Mapping
 
 from embshard.fsutil import write_text_atomic
 from embshard.ports import free_port
+from embshard.topology import Topology
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RANK_EXITS_ENV = "EMBSHARD_RANK_EXITS"  # the folder where the local launcher writes how a failed rank ended
@@ -43,6 +44,15 @@ class LauncherConfig:
 
 def under_torchrun() -> bool:
     return all(k in os.environ for k in RANK_ENV)
+
+
+def check_ranks(topology: Topology, world_size: int, local_world_size: int) -> None:
+    """The topology must describe the ranks that run (checked by the launcher too, before it starts them)."""
+    if topology.world_size != world_size or topology.local_world_size != local_world_size:
+        raise ValueError(f"topology: world_size={topology.world_size}, local_world_size={topology.local_world_size} but "
+                         f"{world_size} rank(s) run, {local_world_size} per host; drop the topology.world_size/"
+                         "local_world_size overrides (the world size follows launcher.nproc or torchrun) or start as "
+                         "many ranks")
 
 
 class _Terminated(Exception):

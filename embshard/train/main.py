@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from embshard import cli
 from embshard.train import config
-from embshard.train.launcher import launch, under_torchrun
+from embshard.train.launcher import check_ranks, launch, under_torchrun
 
 PROG = "embshard-train"
 USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
@@ -63,6 +63,10 @@ def hydra_main(cfg: DictConfig) -> None:
     except OSError as e:
         fail(f"out_dir={settings.out_dir}: cannot create it ({e.strerror}); choose a writable folder")
     if not under_torchrun() and settings.launcher.nproc > 1:
+        try:
+            check_ranks(settings.topology, settings.launcher.nproc, settings.launcher.nproc)
+        except ValueError as e:
+            fail(str(e))
         code = launch(settings.launcher, child_args(), user_env())
         if code:
             sys.exit(code)

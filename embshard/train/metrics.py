@@ -2,7 +2,7 @@
 scalars, and a PNG of the loss and eval AUC curves at the end. Rank 0 writes them.
 
 Records: ``{"split": "train", "step", "loss", "samples_per_s", "samples"}`` every
-``log_every_steps`` steps and ``{"split": "eval", "step", "auc", "logloss"}`` per evaluation.
+``log_every_steps`` steps and ``{"split": "eval", "step", "auc", "logloss", "samples"}`` per evaluation.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One rank of a training run: join the group, train, turn failures into one readable line."""
+"""One rank of a training run: join the group, train, turn failures into one readable line (one per job)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 import torch.distributed as dist
 from rich.console import Console
 
-from embshard.train import distributed
+from embshard.train import distributed, report
 from embshard.train.config import TrainSettings
 from embshard.train.checkpoint import CheckpointError
 from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
@@ -17,7 +17,11 @@ from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:
     # The runtime's header gather uses all_gather_into_tensor, which torch 2.13 flags as deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
+    # torchmetrics 1.0's gather of uneven shards (the eval set's last batches) indexes in a way torch 2.13 flags.
+    warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
+                            category=UserWarning, module="torchmetrics")
     ctx = None
+    failure = None  # (message, exit status, whether it is the loss of a peer)
     try:
         ctx = distributed.start(settings.topology, settings.launcher.collective_timeout_s, with_group=not settings.unsharded)
         console = (Console() if Console().is_terminal else Console(width=160)) if ctx.is_main else None
@@ -28,22 +32,32 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
             settings.out_dir.mkdir(parents=True, exist_ok=True)
             (settings.out_dir / "config.yaml").write_text(config_yaml)
         trainer.train()
-    except SharedError as e:
-        if ctx is None or ctx.is_main:
-            fail(str(e))
-        raise SystemExit(2) from None
+    except SharedError as e:  # the same message on every rank
+        failure = (str(e), 2, False)
     except ValueError as e:
-        prefix = f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else ""
-        fail(prefix + str(e))
+        failure = (f"{_rank(ctx)}{e}", 2, False)
     except CheckpointError as e:
-        fail(str(e), code=1)
+        failure = (str(e), 1, False)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise
-        rank = ctx.rank if ctx is not None else "?"
-        fail(f"rank {rank}: {LOST_GROUP} ({str(e).splitlines()[0][:200]})", code=1)
+        failure = (f"{_rank(ctx)}{LOST_GROUP} ({str(e).splitlines()[0][:200]})", 1, True)
     finally:
-        if ctx is not None:
+        if failure is None and ctx is not None:
             distributed.stop(ctx)
+    if failure is None:
+        return
+    message, code, lost = failure
+    try:
+        first, code = report.claim(ctx, code, lost)
+        if first:  # only the first rank to fail prints
+            fail(message, code=code)
+        raise SystemExit(code)
+    finally:
+        report.stop_after_failure(ctx)
+
+
+def _rank(ctx: distributed.RankContext | None) -> str:
+    return f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else ""

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout
 from embshard.data.criteo_tsv import TsvStream
-from embshard.data.stream import Stream, open_stream
+from embshard.data.stream import Stream, open_eval_pass, open_stream
 from embshard.models.dlrm import DLRM
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection, shard_model
 from embshard.runtime.state import TableShard
@@ -148,9 +148,10 @@ class Trainer:
         return loss.detach()
 
     def _evaluate(self) -> None:
-        stream = open_stream(self.s.data, self.layout, self.ctx.rank, self.ctx.world_size, self.batch_size, "eval")
+        stream = open_eval_pass(self.s.data, self.layout, self.ctx.rank, self.ctx.world_size, self.batch_size,
+                                self.s.eval.num_samples)
         self.eval_streams.append(stream)
-        self.last_eval = evaluate(self.model, stream, self.s.eval.num_batches, self.ctx)
+        self.last_eval = evaluate(self.model, stream, self.layout, self.ctx)
         self._log({"split": "eval", "step": self.step, **self.last_eval})
 
     def _log(self, record: dict[str, Any]) -> None:
@@ -172,7 +173,7 @@ class Trainer:
             out(f"data: skipped {count} malformed record(s), e.g. {examples[0]}", markup=False, highlight=False)
         trained = self.step - self.start_step
         out(f"eval AUC {self.last_eval['auc']:.4f}, log loss {self.last_eval['logloss']:.4f} at step {self.step} "
-            f"({self.s.eval.num_batches * self.batch_size * self.ctx.world_size:,} eval samples)", markup=False, highlight=False)
+            f"({self.last_eval['samples']:,} eval samples)", markup=False, highlight=False)
         out(f"trained {trained} steps in {self.train_s:.1f} s on {self.ctx.world_size} rank(s) "
             f"({trained * self.batch_size * self.ctx.world_size / max(self.train_s, 1e-9):,.0f} samples/s)",
             markup=False, highlight=False)

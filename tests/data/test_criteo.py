@@ -107,6 +107,8 @@ def test_all_lines_malformed_or_missing_files_are_refused(tmp_path) -> None:
         next(TsvStream((str(path),), LAYOUT, 0, 1, 2))
     with pytest.raises(ValueError, match="cannot read Criteo file"):
         TsvStream((str(tmp_path / "nope"),), LAYOUT, 0, 1, 2)
+    with pytest.raises(ValueError, match=rf"data.eval_files\[1\]: {tmp_path} is a directory, not a Criteo day file"):
+        TsvStream((str(path), str(tmp_path)), LAYOUT, 0, 1, 2, key="data.eval_files")
     with pytest.raises(ValueError, match="Criteo has 13 dense and 26 categorical"):
         TsvStream((str(path),), FeatureLayout.from_specs(SPECS[:3]), 0, 1, 2)
 

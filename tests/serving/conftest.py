@@ -30,7 +30,7 @@ tables:
 TRAIN_ARGS = ["tables=serving_tiny", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]", "planner.time_budget_s=0.5",
               "model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6",
               "data.signal=3", "launcher.nproc=2", "launcher.collective_timeout_s=60", "steps=200",
-              "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_batches=4"]
+              "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_samples=1024"]
 TIMEOUT_S = 300
 NUM_SAMPLES = 4096  # held-out samples the tests score
 # The 2-rank artifacts' layout: every way a table travels (the planner alone would replicate these small tables).

@@ -143,20 +143,33 @@ CLI_CASES = {
     "wrong_type": (["steps=abc"], "steps"),
     "unknown_option": (["model=nope"], "Could not find 'model/nope'"),
     "bad_value": (["optim.table_optimizer=lamb"], "optim.table_optimizer: must be one of"),
+    # refused by the launcher before it starts the ranks (each rank would print the error again)
+    "not_utf8": (["--config-dir={tmp}", "tables=picture", "launcher.nproc=2"],
+                 "{tmp}/tables/picture.yaml: not UTF-8 text (invalid start byte at byte 0)"),
+    "no_ranks": (["launcher.nproc=0"], "launcher.nproc: must be a positive number of local ranks, got 0"),
+    "ranks_mismatch": (["launcher.nproc=2", "topology.world_size=4"],
+                       "topology: world_size=4, local_world_size=2 but 2 rank(s) run, 2 per host"),
+    "data_dir": (["launcher.nproc=2", "data=criteo_tsv", "data.train_files=[{tmp}]", "data.eval_files=[{tmp}]"],
+                 "data.train_files[0]: {tmp} is a directory, not a Criteo day file"),
 }
 
 
 @pytest.fixture(scope="module")
-def cli_runs() -> dict[str, subprocess.CompletedProcess]:
-    procs = {name: subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def cli_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, str]]:
+    """name -> (the finished command, the text its one line must hold)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "tables").mkdir()
+    (tmp / "tables" / "picture.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    procs = {name: subprocess.Popen([CLI, *(a.format(tmp=tmp) for a in args)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=tmp)
              for name, (args, _) in CLI_CASES.items()}
-    return {name: subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+    return {name: (subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()),
+                   CLI_CASES[name][1].format(tmp=tmp)) for name, p in procs.items()}
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_bad_input_is_one_line_and_status_2(case: str, cli_runs) -> None:
-    run = cli_runs[case]
+    run, needle = cli_runs[case]
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
-    assert lines[0].startswith("embshard-train: error: ") and CLI_CASES[case][1] in lines[0]
-
+    assert lines[0].startswith("embshard-train: error: ") and needle in lines[0], lines[0]

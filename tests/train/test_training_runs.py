@@ -2,7 +2,8 @@
 
 Stage 1 (concurrently): A = 2 local ranks for 60 steps on a planted-signal set, with each
 table on another sharding type and a user-history feature (sequence table, row-wise); a strict run on Criteo TSV with a malformed line; a Hydra
---multirun sweep; K = 2 ranks of which one is killed after its first step. Meanwhile, in
+--multirun sweep; two 2-rank TSV runs that fail at their first batch, on every rank or on rank 1 only;
+K = 2 ranks of which one is killed after its first step. Meanwhile, in
 this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
 TSV run that skips malformed lines (with TensorBoard). Stage 2, from A's checkpoints: B = torchrun resuming A
 at step 30, and A's last checkpoint on 3 ranks (another plan) and in one process
@@ -45,6 +46,7 @@ SHARDING = [f"+constraints.tables.{t}.sharding_types={types}" for t, types in LA
 SEQUENCE = ["model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6"]
 BATCH = 64  # per rank of A; the unsharded reference takes 2 x 64
 KILL_TIMEOUT_S = 20  # K's collective timeout
+EVAL_SAMPLES = 500  # not a multiple of 2 x 64 or 3 x 64: the last eval batch is short on 2 ranks, empty on rank 2 of 3
 config.register()
 
 
@@ -89,7 +91,7 @@ def metrics(out: Path, split: str = "train") -> list[dict]:
 def base(config_dir: Path, tables: str = "tiny") -> list[str]:
     synthetic = ["data.signal=3", *SEQUENCE] if tables == "tiny" else []
     return [f"--config-dir={config_dir}", f"tables={tables}", *MODEL, *FAST_PLANNER, *synthetic,
-            "launcher.collective_timeout_s=60", "log_every_steps=1", "eval.num_batches=4"]
+            "launcher.collective_timeout_s=60", "log_every_steps=1", f"eval.num_samples={EVAL_SAMPLES}"]
 
 
 def in_process(args: list[str], out: Path) -> str:
@@ -117,7 +119,7 @@ def stage1(config_dir, tmp_path_factory) -> dict:
     lines[3], lines[50] = "1\t2\t3", tsv_line(50).replace("\t", "\tx", 1)
     (tmp / "day_0.tsv").write_text("\n".join(lines) + "\n")
     tsv = [*base(config_dir, "criteo26"), "data=criteo_tsv", f"data.train_files=[{tmp}/day_0.tsv]",
-           f"data.eval_files=[{tmp}/day_0.tsv]", "steps=4", "topology.batch_size_per_rank=32", "eval.num_batches=1"]
+           f"data.eval_files=[{tmp}/day_0.tsv]", "steps=4", "topology.batch_size_per_rank=32"]
     runs = {
         "A": start(tmp, "A", [*base(config_dir), *SHARDING, "launcher.nproc=2", "steps=60",
                               f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "checkpoint.every_steps=10",
@@ -125,9 +127,17 @@ def stage1(config_dir, tmp_path_factory) -> dict:
         "strict": start(tmp, "strict", [*tsv, "unsharded=true", "data.strict=true"]),
         # one sharded process, then 2 local ranks: the launcher under --multirun
         "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "launcher.nproc=1,2", "steps=2",
-                                      "topology.batch_size_per_rank=16", "eval.num_batches=1", f"hydra.sweep.dir={tmp}/sweep"],
+                                      "topology.batch_size_per_rank=16", "eval.num_samples=32", f"hydra.sweep.dir={tmp}/sweep"],
                        out_dir=False),
     }
+    # 2 ranks fail at their first batch: every rank (all lines malformed), or rank 1 only (strict; a bad line in its half)
+    (tmp / "junk.tsv").write_text("garbage\tline\n" * 100)
+    late = [tsv_line(i) for i in range(200)]
+    late[150] = "1\t2\t3"
+    (tmp / "late_bad.tsv").write_text("\n".join(late) + "\n")
+    two_ranks = [*tsv, "launcher.nproc=2"]
+    runs["bad_all"] = start(tmp, "bad_all", [*two_ranks, f"data.train_files=[{tmp}/junk.tsv]"])
+    runs["bad_one"] = start(tmp, "bad_one", [*two_ranks, f"data.train_files=[{tmp}/late_bad.tsv]", "data.strict=true"])
     runs["K"] = start(tmp, "K", [*base(config_dir), "launcher.nproc=2", f"launcher.collective_timeout_s={KILL_TIMEOUT_S}",
                                  "steps=100000", "topology.batch_size_per_rank=32", "eval.every_steps=0"])
     local = {"U": in_process([*base(config_dir), "steps=10", f"topology.batch_size_per_rank={2 * BATCH}",
@@ -175,14 +185,30 @@ def test_planted_signal_reaches_auc_075(stage1) -> None:
     assert sorted(p.name for p in (a.out / "checkpoints" / "step_000060").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
+def test_eval_reads_a_tsv_file_once_and_counts_its_valid_lines(stage1) -> None:
+    # 200 lines of which 2 are malformed; 4 x 32 samples trained: eval neither stops there nor wraps around
+    assert "(198 eval samples)" in stage1["local"]["tsv"]
+    assert [r["samples"] for r in metrics(stage1["tmp"] / "tsv", "eval")] == [198]
+
+
 def test_malformed_lines_are_reported_or_stop_a_strict_run(stage1) -> None:
-    # lines 3 and 50 while training, line 3 again in the eval pass over the same file
-    assert "data: skipped 3 malformed record(s), e.g." in stage1["local"]["tsv"]
+    # lines 3 and 50 while training, and again in the eval pass over the whole file
+    assert "data: skipped 4 malformed record(s), e.g." in stage1["local"]["tsv"]
     assert list((stage1["tmp"] / "tsv" / "tensorboard").glob("events.out.tfevents.*"))
     strict = stage1["strict"]
     assert strict.proc.returncode == 2 and len(strict.errors) == 1, strict.text[-3000:]
     assert "day_0.tsv byte " in strict.errors[0] and "expected 40 tab-separated fields, got 3" in strict.errors[0]
     assert "Traceback" not in strict.text
+
+
+def test_an_error_of_every_rank_or_of_one_is_printed_once(stage1) -> None:
+    every, one = stage1["bad_all"], stage1["bad_one"]
+    assert every.proc.returncode == 2 and len(every.errors) == 1, every.text[-3000:]
+    assert "'s share of [" in every.errors[0] and "junk.tsv'] is malformed" in every.errors[0]
+    # rank 0, left waiting for rank 1, does not add "lost contact"; the run exits with the reported error's status
+    assert one.proc.returncode == 2 and len(one.errors) == 1, one.text[-3000:]
+    assert "error: rank 1: " in one.errors[0] and "late_bad.tsv byte " in one.errors[0] and "got 3" in one.errors[0]
+    assert "Traceback" not in every.text + one.text and "Error executing job" not in every.text + one.text
 
 
 def test_multirun_sweep_runs_every_job(stage1) -> None:
@@ -232,6 +258,11 @@ def test_checkpoint_loads_into_another_world_size_and_plan(stage1, stage2, name:
     assert "(saved by 2 ranks; resharded)" in text
     want, got = read_tables(stage1["A"].out / "checkpoints"), read_tables(out / "checkpoints")
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    # A's last weights evaluated on 3 ranks and on 1: the same eval set, each sample once
+    evaluated, reference = metrics(out, "eval")[-1], metrics(stage1["A"].out, "eval")[-1]
+    assert evaluated["step"] == reference["step"] == 60
+    assert evaluated["samples"] == reference["samples"] == EVAL_SAMPLES and f"({EVAL_SAMPLES} eval samples)" in text
+    assert abs(evaluated["auc"] - reference["auc"]) < 1e-6 and abs(evaluated["logloss"] - reference["logloss"]) < 1e-6
 
 
 def test_killed_rank_stops_the_others_within_the_collective_timeout(stage1) -> None:

@@ -41,7 +41,7 @@ def settings(config_dir: Path, out: Path, *overrides: str) -> config.TrainSettin
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"hydra.searchpath=[file://{config_dir}]", "tables=tiny", *MODEL, *FAST_PLANNER,
                                           "topology.batch_size_per_rank=32", "log_every_steps=1", "eval.every_steps=0",
-                                          "eval.num_batches=1", f"out_dir={out}", *overrides])
+                                          "eval.num_samples=32", f"out_dir={out}", *overrides])
     s = config.settings_from_config(cfg)
     s.out_dir.mkdir(parents=True, exist_ok=True)
     return s
