@@ -18,7 +18,8 @@ def _assert_within_int8_error(block, x):
 
 
 def _hard_rows(cols: int) -> torch.Tensor:
-    """Rows FBGEMM's formula has corner cases for: ranges from 1e-8 to 1e4 (the fp16 bias holds them), constant rows, ties, fp16 values."""
+    """Rows FBGEMM's formula has corner cases for: ranges from 1e-8 to 1e4 (the fp16 bias holds them),
+    constant rows, ties, fp16 values."""
     n = 400
     base = torch.randn(n, cols)
     constant = base[:, :1].expand(n, cols).clone()
