@@ -7,7 +7,9 @@ Row-wise int8 is FBGEMM's ``FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf`` at 8 
 scale = (max - min) / 255 and bias = min, both fp16, q = round((x - bias) / scale); a row
 dequantizes to q * scale + bias, within scale / 2 of the fp32 row (plus fp16 rounding of
 scale and bias). Each block is quantized on its own rows and columns, so a column shard
-carries its own scales.
+carries its own scales. FBGEMM's op refuses an odd number of columns; those blocks get the
+same bytes from torch (`rowwise_int8`, FBGEMM's reference formula, checked bit for bit
+against the op in tests/serving/test_quantize.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,25 @@ def quantize(weight: Tensor, dtype: str) -> QuantizedBlock:
         return QuantizedBlock(dtype, weight.to(STORED_DTYPE[dtype]))
     if weight.shape[0] == 0:
         return QuantizedBlock(dtype, torch.zeros(weight.shape, dtype=torch.uint8), torch.zeros(0, 2, dtype=torch.float16))
+    if weight.shape[1] % 2:  # FBGEMM's op needs the fp16 scale 2-byte aligned in its fused row
+        return QuantizedBlock(dtype, *rowwise_int8(weight))
     fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(weight, 8)  # [rows, cols + 4] uint8
     codes, scale_bias = fused[:, :-SCALE_BIAS_BYTES], fused[:, -SCALE_BIAS_BYTES:]
     return QuantizedBlock(dtype, codes.contiguous(), scale_bias.contiguous().view(torch.float16))
+
+
+def rowwise_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(uint8 codes [rows, cols], fp16 (scale, bias) [rows, 2]) of an fp32 block [rows >= 1, cols >= 1],
+    as FBGEMM's FloatOrHalfToFusedNBitRowwiseQuantizedSBHalfRef computes them at 8 bits: the bias is
+    the row's min rounded to fp16, scale = fp16((max - bias) / 255) (1 where that is 0 or its
+    reciprocal overflows), q = clamp(round_half_even((x - bias) * (1 / scale)), 0, 255)."""
+    bias_fp16 = weight.min(1, keepdim=True).values.half()
+    bias = bias_fp16.float()
+    span = weight.max(1, keepdim=True).values - bias
+    scale = torch.where(span == 0, 1.0, span / 255).half().float()
+    scale = torch.where(scale == 0, 1.0, scale)
+    inverse = 1.0 / scale
+    overflow = torch.isinf(inverse)
+    scale, inverse = torch.where(overflow, 1.0, scale), torch.where(overflow, 1.0, inverse)
+    codes = torch.round((weight - bias) * inverse).clamp(0, 255).to(torch.uint8)
+    return codes, torch.cat([scale.half(), bias_fp16], dim=1)

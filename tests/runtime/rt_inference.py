@@ -98,6 +98,9 @@ def cases(world_size: int) -> dict:
     odd_sequence = [dataclasses.replace(s, dtype=d) for s, d in zip(ODD_SEQUENCE, DTYPES)]
     out["serving-odd-dims-pooled"] = lambda pg: run_serving(odd_pooled, make_plan(odd_pooled, topo, MIXED_POOLED), pg,
                                                             pooled=True, mean=True, seed=26)
+    odd_int8 = [dataclasses.replace(s, dtype="int8") for s in ODD_POOLED]  # blocks 3, 4 + 2, 5, 3 wide
+    out["serving-odd-dims-pooled-int8"] = lambda pg: run_serving(odd_int8, make_plan(odd_int8, topo, MIXED_POOLED), pg,
+                                                                 pooled=True, weighted=True, seed=28)
     out["serving-odd-dims-sequence"] = lambda pg: run_serving(odd_sequence, make_plan(odd_sequence, topo, MIXED_SEQUENCE), pg,
                                                               pooled=False, seed=27)
     return out
