@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embshard.data.batch import NUM_DENSE, FeatureLayout, Samples
+from embshard.data.samples import NUM_DENSE, FeatureLayout, Samples
 from embshard.data.config import CriteoNpyConfig
 from embshard.data.criteo_tsv import NUM_CATEGORICAL, check_layout
 from embshard.data.malformed import MalformedLog

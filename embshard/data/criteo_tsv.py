@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 import numpy as np
 
-from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout, Samples, to_batch
 from embshard.data.config import check_files
 from embshard.data.malformed import MalformedLog
+from embshard.data.samples import NUM_DENSE, FeatureLayout, Samples
+
+if TYPE_CHECKING:
+    from embshard.data.batch import Batch
 
 NUM_CATEGORICAL = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
@@ -86,6 +89,12 @@ class TsvStream:
         return self
 
     def __next__(self) -> Batch:
+        from embshard.data.batch import to_batch  # torch; next_samples (embshard-stats) needs none
+
+        return to_batch(self.next_samples(), self.layout)
+
+    def next_samples(self) -> Samples:
+        """The next batch's samples on the host (StopIteration at the end of a single pass)."""
         parsed = []
         try:
             while len(parsed) < self.batch_size:
@@ -95,10 +104,9 @@ class TsvStream:
                 raise
         self.samples_consumed += self.world_size * self.batch_size
         ids = np.array([p[2] for p in parsed], dtype=np.int64).reshape(-1, NUM_CATEGORICAL)  # [B, 26]
-        samples = Samples(np.array([p[1] for p in parsed], dtype=np.float32).reshape(-1, NUM_DENSE),
-                          np.array([p[0] for p in parsed], np.float32),
-                          np.ones((NUM_CATEGORICAL, len(parsed)), np.int64), tuple(ids.T.copy()))
-        return to_batch(samples, self.layout)
+        return Samples(np.array([p[1] for p in parsed], dtype=np.float32).reshape(-1, NUM_DENSE),
+                       np.array([p[0] for p in parsed], np.float32),
+                       np.ones((NUM_CATEGORICAL, len(parsed)), np.int64), tuple(ids.T.copy()))
 
     def _next_sample(self) -> tuple[float, list[float], list[int]]:
         while True:

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from embshard.data.batch import Feature, FeatureLayout, Samples
+from embshard.data.samples import Feature, FeatureLayout, Samples
 from embshard.data.config import SyntheticConfig
 from embshard.data.malformed import MalformedLog
 
