@@ -38,6 +38,7 @@ TABLE_KEYS = (
     "feature_names",
     "dtype",
     "optimizer",
+    "hot_rows",
 )
 
 
@@ -51,6 +52,10 @@ class TableSpec:
     feature_names: features that look up this table; defaults to ``(name,)``.
     dtype: how the weights are stored: fp32, fp16, or row-wise int8 (serving only: a uint8
       per element plus an fp16 scale and bias per row, FBGEMM's layout).
+    hot_rows: the measured access-frequency curve (embshard-stats), pairs
+      ``(fraction_of_rows, fraction_of_lookups)``: the hottest fraction_of_rows of the rows get
+      fraction_of_lookups of the lookups. None: not measured (and absent from `to_dict`, so
+      specs without it hash and serialise as before).
     """
 
     name: str
@@ -61,6 +66,7 @@ class TableSpec:
     feature_names: tuple[str, ...] = ()
     dtype: str = "fp32"
     optimizer: str = "rowwise_adagrad"
+    hot_rows: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.feature_names:
@@ -86,6 +92,10 @@ class TableSpec:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["feature_names"] = list(self.feature_names)
+        if self.hot_rows is None:
+            del out["hot_rows"]
+        else:
+            out["hot_rows"] = [list(pair) for pair in self.hot_rows]
         return out
 
     @classmethod
@@ -131,6 +141,7 @@ class TableSpec:
             feature_names=tuple(features),
             dtype=dtype,
             optimizer=optimizer,
+            hot_rows=_hot_rows(raw.get("hot_rows"), f"{where}.hot_rows"),
         )
 
 
@@ -138,6 +149,34 @@ def _positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{where}: must be a positive integer, got {value!r}")
     return value
+
+
+def _hot_rows(value: Any, where: str) -> tuple[tuple[float, float], ...] | None:
+    """Validate an access-frequency curve: [fraction_of_rows, fraction_of_lookups] pairs (None: not measured)."""
+    if value is None:
+        return None
+    how = ("give [fraction_of_rows, fraction_of_lookups] pairs in [0, 1], fraction_of_rows strictly increasing, "
+           "fraction_of_lookups non-decreasing and >= fraction_of_rows (e.g. [[0.01, 0.4], [0.1, 0.8]], as "
+           "embshard-stats writes), or drop the field")
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(f"{where}: expected a non-empty list of pairs, got {value!r}; {how}")
+    pairs = []
+    for i, pair in enumerate(value):
+        if (isinstance(pair, (str, Mapping)) or not isinstance(pair, Sequence) or len(pair) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in pair)):
+            raise ValueError(f"{where}[{i}]: expected a pair of numbers, got {pair!r}; {how}")
+        rows, lookups = float(pair[0]), float(pair[1])
+        if not (0 <= rows <= 1 and 0 <= lookups <= 1):
+            raise ValueError(f"{where}[{i}]: {list(pair)} leaves [0, 1]; {how}")
+        if lookups < rows:
+            raise ValueError(f"{where}[{i}]: {list(pair)} sends fewer lookups than its share of the rows "
+                             f"({lookups:g} < {rows:g}); the hottest rows get at least a uniform share; {how}")
+        if pairs and rows <= pairs[-1][0]:
+            raise ValueError(f"{where}[{i}]: fraction_of_rows {rows:g} does not increase (previous {pairs[-1][0]:g}); {how}")
+        if pairs and lookups < pairs[-1][1]:
+            raise ValueError(f"{where}[{i}]: fraction_of_lookups {lookups:g} decreases (previous {pairs[-1][1]:g}); {how}")
+        pairs.append((rows, lookups))
+    return tuple(pairs)
 
 
 def tables_from_list(raw: Any, where: str = "tables") -> tuple[TableSpec, ...]:

@@ -1,0 +1,1 @@
+"""embshard-stats: per-table access statistics measured from the training data (numpy, no torch)."""
