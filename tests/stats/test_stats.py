@@ -1,0 +1,179 @@
+"""embshard-stats: curves of Zipf streams against the Zipf pmf (exact counts and the sketch), exact pooling
+factors, memory independent of the stream's length, the CLI end to end (its tables file plans and trains),
+and hot_rows validation (bad curves refused; specs without it hash as before)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+
+from embshard.planner.plan import ShardingPlan, input_hash
+from embshard.plan_cli import run as plan_run
+from embshard.specs import TableSpec, load_tables_file
+from embshard.stats.counters import ExactCounter, SketchCounter
+from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator
+from embshard.topology import Topology
+from embshard.train import config as train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "embshard.stats.cli"]  # the embshard-stats console script, installed or not
+ZIPF = [(0.8, 1_000), (1.1, 10_000), (1.3, 100_000)]  # (exponent, rows)
+LOOKUPS = 1_000_000
+
+
+def zipf_pmf(s: float, rows: int) -> np.ndarray:
+    p = 1.0 / np.arange(1, rows + 1) ** s
+    return p / p.sum()
+
+
+def zipf_curve(s: float, rows: int) -> np.ndarray:
+    """Fraction of the lookups that go to the hottest f x rows rows, from the pmf (linear between rows)."""
+    cumulative = np.concatenate([[0.0], np.cumsum(zipf_pmf(s, rows))])
+    return np.interp(np.array(HOT_FRACTIONS) * rows, np.arange(rows + 1), cumulative)
+
+
+def zipf_ids(s: float, rows: int, n: int, seed: int) -> np.ndarray:
+    """n ids of a Zipf(s) law, ranks scattered over the rows."""
+    rng = np.random.default_rng(seed)
+    return rng.permutation(rows)[rng.choice(rows, n, p=zipf_pmf(s, rows))]
+
+
+@pytest.fixture(scope="module")
+def streams() -> dict[tuple[float, int], np.ndarray]:
+    return {(s, rows): zipf_ids(s, rows, LOOKUPS, seed=i) for i, (s, rows) in enumerate(ZIPF)}
+
+
+def feed(acc: TableAccumulator, ids: np.ndarray, batch: int = 50_000) -> np.ndarray:
+    """Bags of lengths 0, 1, 2, 3, 0, 1, ... (mean 1.5, a quarter empty) holding ``ids``, fed in batches; the lengths."""
+    lengths = np.resize(np.array([0, 1, 2, 3]), 2 * len(ids) // 3)
+    lengths[-1] += len(ids) - lengths.sum()
+    ends = np.cumsum(lengths)
+    for start in range(0, len(lengths), batch):
+        chunk = lengths[start:start + batch]
+        first = ends[start] - chunk[0]
+        acc.add(chunk, ids[first:first + chunk.sum()])
+    return lengths
+
+
+@pytest.mark.parametrize("s,rows", ZIPF, ids=[f"s={s}-rows={r}" for s, r in ZIPF])
+def test_exact_counts_give_the_zipf_curve_and_exact_pooling(streams, s: float, rows: int) -> None:
+    acc = TableAccumulator(TableSpec("t", rows, 8), exact_max_rows=rows, sketch_rows=rows // 10)
+    lengths = feed(acc, streams[s, rows])
+    stats = acc.result(len(lengths), HOT_FRACTIONS)
+    assert stats.method == "exact"
+    assert stats.pooling_factor == lengths.mean() == pytest.approx(1.5, abs=1e-5)
+    assert stats.pooling_std == pytest.approx(lengths.std(), rel=1e-9)
+    assert stats.empty_bag_share == np.mean(lengths == 0) == pytest.approx(0.25, abs=1e-5)
+    assert stats.distinct_rows == len(np.unique(streams[s, rows]))
+    assert [f for f, _ in stats.hot_rows] == list(HOT_FRACTIONS)
+    np.testing.assert_allclose([x for _, x in stats.hot_rows], zipf_curve(s, rows), atol=0.02)
+
+
+@pytest.mark.parametrize("s,rows", ZIPF, ids=[f"s={s}-rows={r}" for s, r in ZIPF])
+def test_sketch_curve_is_close_to_exact_counts_and_the_pmf(streams, s: float, rows: int) -> None:
+    """sketch_rows = rows / 10: within 0.01 of the exact counts of the same stream (module docstring)."""
+    ids = streams[s, rows]
+    exact, sketch = ExactCounter(rows), SketchCounter(rows, rows // 10)
+    exact.add(ids)
+    for start in range(0, len(ids), 50_000):
+        sketch.add(ids[start:start + 50_000])
+    assert sketch.method.startswith("sketch")
+    np.testing.assert_allclose(sketch.curve(HOT_FRACTIONS), exact.curve(HOT_FRACTIONS), atol=0.01)
+    np.testing.assert_allclose(sketch.curve(HOT_FRACTIONS), zipf_curve(s, rows), atol=0.025)
+    assert sketch.distinct_rows() == pytest.approx(exact.distinct_rows(), rel=0.05)
+
+
+def test_sketch_memory_does_not_grow_with_the_stream() -> None:
+    rows, sketch_rows = 1_000_000, 10_000
+    sketch = SketchCounter(rows, sketch_rows)
+    sizes = []
+    for part in range(6):
+        sketch.add(zipf_ids(1.1, rows, 200_000, seed=10 + part) if part < 5 else np.arange(rows))  # then every row once
+        sketch.curve(HOT_FRACTIONS)  # folds the buffer in
+        sizes.append(sketch.memory_entries())
+    assert max(sizes) <= 3 * sketch_rows, sizes  # 1.2 M lookups over a million rows, 30,000 entries at most
+    assert len(sketch.heavy_keys) <= sketch_rows
+    assert ExactCounter(5_000).counts.shape == (5_000,)
+
+
+def test_hot_rows_validated_with_table_and_field_named() -> None:
+    base = {"name": "cat_3", "num_embeddings": 100, "embedding_dim": 8}
+    good = TableSpec.from_dict({**base, "hot_rows": [[0.01, 0.3], [0.1, 0.3], [1, 1]]})
+    assert good.hot_rows == ((0.01, 0.3), (0.1, 0.3), (1.0, 1.0))
+    for bad, says in [([[0.1, 0.5], [0.1, 0.6]], "does not increase"), ([[0.2, 0.6], [0.1, 0.7]], "does not increase"),
+                      ([[0.1, 0.6], [0.2, 0.5]], "decreases"), ([[0.5, 0.4]], "fewer lookups"),
+                      ([[0.1, 1.5]], "leaves [0, 1]"), ([[-0.1, 0.5]], "leaves [0, 1]"), ([[0.1]], "a pair"),
+                      ([], "non-empty"), ("hot", "non-empty")]:
+        with pytest.raises(ValueError, match=r"tables\[0\] \(cat_3\)\.hot_rows") as e:
+            TableSpec.from_dict({**base, "hot_rows": bad}, "tables[0]")
+        assert says in str(e.value)
+
+
+def test_specs_without_hot_rows_hash_and_serialise_as_before() -> None:
+    spec = TableSpec("t", 1000, 16, 2.0, feature_names=("a", "b"))
+    # The input hash of this spec on a 2-rank topology, computed before TableSpec had hot_rows.
+    before = "sha256:1cb56f3316ac6fdf4697392193b70957f1bcb5291df8e886062ce4de32f9211d"
+    topology = Topology.from_dict({"world_size": 2})
+    assert "hot_rows" not in spec.to_dict()
+    assert input_hash([spec], topology, "c") == before
+    measured = TableSpec.from_dict({**spec.to_dict(), "hot_rows": [[0.1, 0.9]]})
+    assert input_hash([measured], topology, "c") != before
+
+
+def test_plan_json_carries_hot_rows(tmp_path) -> None:
+    from embshard import planner
+
+    spec = TableSpec.from_dict({"name": "t", "num_embeddings": 1000, "embedding_dim": 16, "hot_rows": [[0.01, 0.5], [0.5, 0.99]]})
+    plan = planner.plan([spec], Topology.from_dict({"world_size": 2, "device": "cpu"}), time_budget_s=0.2)
+    loaded = ShardingPlan.from_json(plan.to_json())
+    assert loaded.specs[0].hot_rows == ((0.01, 0.5), (0.5, 0.99))
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
+    out = tmp_path / "measured" / "tables" / "criteo_measured.yaml"
+    done = run_cli("tables=criteo_small", "data=synthetic", "data.id_skew=1.1", "num_samples=3000", "batch_size=1024",
+                   "exact_max_rows=50000", "sketch_rows=5000", f"out={out}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "access statistics per table" in done.stdout and "samples/s" in done.stdout
+    specs, topology = load_tables_file(out)
+    source, _ = load_tables_file(ROOT / "configs" / "tables" / "criteo_small.yaml")
+    assert [(s.name, s.num_embeddings, s.embedding_dim) for s in specs] == [(s.name, s.num_embeddings, s.embedding_dim) for s in source]
+    assert all(s.pooling_factor == 1.0 for s in specs)  # criteo_small: one id per bag
+    big = next(s for s in specs if s.num_embeddings == 100_000)  # sketched (more rows than exact_max_rows)
+    assert [f for f, _ in big.hot_rows] == list(HOT_FRACTIONS) and big.hot_rows[0][1] > 0.3  # skewed: far from uniform
+    assert "sketch (D=" in done.stdout and "exact" in done.stdout
+
+    user_dir = out.parent.parent
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        plan_cfg = compose("plan", overrides=[f"hydra.searchpath=[file://{user_dir}]", "tables=criteo_measured",
+                                              "topology=cpu", "planner=quick", f"out={tmp_path / 'plan.json'}"])
+        train_config.register()
+        train_cfg = compose("train", overrides=[f"hydra.searchpath=[file://{user_dir}]", "tables=criteo_measured",
+                                                f"out_dir={tmp_path / 'train'}"])
+    from omegaconf import OmegaConf
+    plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=open(tmp_path / "log", "w")))
+    plan = ShardingPlan.load(tmp_path / "plan.json")
+    assert {s.name: s.hot_rows for s in plan.specs} == {s.name: s.hot_rows for s in specs}
+    settings = train_config.settings_from_config(train_cfg)
+    assert {s.name: s.hot_rows for s in settings.specs} == {s.name: s.hot_rows for s in specs}
+
+
+def test_cli_refuses_bad_hot_rows_in_one_line(tmp_path) -> None:
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "bad.yaml").write_text(
+        "# @package _global_\ntables:\n  - {name: t0, num_embeddings: 10, embedding_dim: 4, hot_rows: [[0.5, 0.9], [0.2, 0.95]]}\n")
+    done = run_cli("--config-dir", str(tmp_path), "tables=bad", "num_samples=10", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("embshard-stats: error: ") and "(t0).hot_rows[1]" in lines[0], done.stderr
