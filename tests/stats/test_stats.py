@@ -18,7 +18,8 @@ from embshard.planner.plan import ShardingPlan, input_hash
 from embshard.plan_cli import run as plan_run
 from embshard.specs import TableSpec, load_tables_file
 from embshard.stats.counters import ExactCounter, SketchCounter
-from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator
+from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig
+from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator, measure
 from embshard.topology import Topology
 from embshard.train import config as train_config
 
@@ -101,6 +102,37 @@ def test_sketch_memory_does_not_grow_with_the_stream() -> None:
     assert max(sizes) <= 3 * sketch_rows, sizes  # 1.2 M lookups over a million rows, 30,000 entries at most
     assert len(sketch.heavy_keys) <= sketch_rows
     assert ExactCounter(5_000).counts.shape == (5_000,)
+
+
+def criteo_specs(num_rows: int = 100) -> list[TableSpec]:
+    return [TableSpec(f"cat_{i}", num_rows + i, 8) for i in range(26)]
+
+
+def exact_curve(ids: np.ndarray, rows: int) -> np.ndarray:
+    hottest_first = np.sort(np.bincount(ids, minlength=rows))[::-1]
+    return np.interp(np.array(HOT_FRACTIONS) * rows, np.arange(rows + 1), np.concatenate([[0], np.cumsum(hottest_first)])) / len(ids)
+
+
+def test_criteo_readers_map_values_to_rows_as_training_does(tmp_path) -> None:
+    """criteo_npy: value % rows over the days in order; criteo_tsv: int(hex, 16) % rows; num_samples caps both."""
+    rng = np.random.default_rng(0)
+    sparse = rng.zipf(1.5, (2, 60, 26)).astype(np.int64) * 7919
+    for day in (0, 1):
+        np.save(tmp_path / f"day_{day}_dense.npy", rng.random((60, 13), dtype=np.float32))
+        np.save(tmp_path / f"day_{day}_sparse.npy", sparse[day])
+        np.save(tmp_path / f"day_{day}_labels.npy", rng.integers(0, 2, 60))
+    tsv = tmp_path / "day_0.tsv"
+    tsv.write_text("".join("\t".join(["1", *["3"] * 13, *(f"{v:x}" for v in row)]) + "\n" for row in sparse[0]))
+    specs = criteo_specs()
+    for data, n, expected in [(CriteoNpyConfig(dir=str(tmp_path), train_days=(0, 1)), 1000, sparse.reshape(120, 26)),
+                              (CriteoTsvConfig(train_files=(str(tsv),)), 50, sparse[0][:50])]:
+        stats = measure(specs, data, n, 16, exact_max_rows=1000, sketch_rows=10)
+        for i, spec in enumerate(specs):
+            ids = expected[:, i] % spec.num_embeddings
+            got = stats[spec.name]
+            assert (got.num_samples, got.num_lookups, got.pooling_factor) == (len(expected), len(expected), 1.0)
+            assert got.distinct_rows == len(np.unique(ids))
+            np.testing.assert_allclose([x for _, x in got.hot_rows], exact_curve(ids, spec.num_embeddings), atol=1e-12)
 
 
 def test_hot_rows_validated_with_table_and_field_named() -> None:
