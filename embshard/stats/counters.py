@@ -78,6 +78,8 @@ class _Buffer:
 
 
 class ExactCounter:
+    method = "exact"
+
     def __init__(self, num_rows: int) -> None:
         self.num_rows = num_rows
         self.counts = np.zeros(num_rows, np.int64)
@@ -92,11 +94,6 @@ class ExactCounter:
         if len(ids):
             self.counts += np.bincount(ids, minlength=self.num_rows)
 
-    @property
-    def num_lookups(self) -> int:
-        self._flush()
-        return int(self.counts.sum())
-
     def distinct_rows(self) -> float:
         self._flush()
         return float(np.count_nonzero(self.counts))
@@ -106,8 +103,6 @@ class ExactCounter:
         hottest_first = np.sort(self.counts)[::-1]
         cum_lookups = np.concatenate([[0], np.cumsum(hottest_first)]).astype(np.float64)
         return curve_points(np.arange(self.num_rows + 1, dtype=np.float64), cum_lookups, self.num_rows, fractions)
-
-    method = "exact"
 
 
 class SketchCounter:
@@ -145,10 +140,6 @@ class SketchCounter:
         return mix64(rows.astype(np.uint64) ^ _HASH_SALT) < self._threshold
 
     @property
-    def num_lookups(self) -> int:
-        return self.n
-
-    @property
     def method(self) -> str:
         self._flush()
         return f"sketch (D={self.decrement})"
@@ -171,7 +162,7 @@ class SketchCounter:
 
     def curve(self, fractions: Sequence[float]) -> tuple[float, ...]:
         _, head, tail = self._head_and_tail()
-        rest_lookups = self.n - float(head.sum())
+        rest_lookups = max(self.n - float(head.sum()), 0.0)  # the head's c + D may overcount
         rest_rows = self.num_rows - len(head)
         if len(tail) and tail.sum() > 0:
             weights = np.full(len(tail), 1 / self.rate)
