@@ -4,7 +4,7 @@ and hot_rows validation (bad curves refused; specs without it hash as before).""
 
 from __future__ import annotations
 
-import math
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from rich.console import Console
 
 from embshard.planner.plan import ShardingPlan, input_hash
 from embshard.plan_cli import run as plan_run
 from embshard.specs import TableSpec, load_tables_file
 from embshard.stats.counters import ExactCounter, SketchCounter
-from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig
+from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, SyntheticConfig
 from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator, measure
 from embshard.topology import Topology
 from embshard.train import config as train_config
@@ -135,6 +136,12 @@ def test_criteo_readers_map_values_to_rows_as_training_does(tmp_path) -> None:
             np.testing.assert_allclose([x for _, x in got.hot_rows], exact_curve(ids, spec.num_embeddings), atol=1e-12)
 
 
+def test_sequence_tables_refused() -> None:
+    specs = [TableSpec("t", 100, 8), TableSpec("history", 100, 8, pooled=False)]
+    with pytest.raises(ValueError, match=r"\['history'\] are sequence tables"):
+        measure(specs, SyntheticConfig(), 10, 10, exact_max_rows=100, sketch_rows=10)
+
+
 def test_hot_rows_validated_with_table_and_field_named() -> None:
     base = {"name": "cat_3", "num_embeddings": 100, "embedding_dim": 8}
     good = TableSpec.from_dict({**base, "hot_rows": [[0.01, 0.3], [0.1, 0.3], [1, 1]]})
@@ -193,8 +200,7 @@ def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
         train_config.register()
         train_cfg = compose("train", overrides=[f"hydra.searchpath=[file://{user_dir}]", "tables=criteo_measured",
                                                 f"out_dir={tmp_path / 'train'}"])
-    from omegaconf import OmegaConf
-    plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=open(tmp_path / "log", "w")))
+    plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=io.StringIO()))
     plan = ShardingPlan.load(tmp_path / "plan.json")
     assert {s.name: s.hot_rows for s in plan.specs} == {s.name: s.hot_rows for s in specs}
     settings = train_config.settings_from_config(train_cfg)
@@ -205,6 +211,10 @@ def test_cli_refuses_bad_hot_rows_in_one_line(tmp_path) -> None:
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / "bad.yaml").write_text(
         "# @package _global_\ntables:\n  - {name: t0, num_embeddings: 10, embedding_dim: 4, hot_rows: [[0.5, 0.9], [0.2, 0.95]]}\n")
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):  # embshard-plan: the same check
+        plan_cfg = compose("plan", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "tables=bad", "topology=cpu"])
+    with pytest.raises(ValueError, match=r"\(t0\)\.hot_rows\[1\]: fraction_of_rows 0.2 does not increase"):
+        plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "bad", Console(file=io.StringIO()))
     done = run_cli("--config-dir", str(tmp_path), "tables=bad", "num_samples=10", cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
