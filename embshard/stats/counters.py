@@ -24,8 +24,9 @@ where the row is also sampled); every sampled row outside the head stands for 1 
 it, the tail's counts scaled so that all lookups add up to n. Error of a curve point: the head's
 counts are off by at most D each (D is shown in the summary, "sketch (D=...)"), the tail's share
 has a relative sampling error of about 1 / sqrt(sampled rows in the segment). Measured against
-exact counts of the same Zipf streams (s 0.8, 1.1, 1.3; tests/stats): at most 0.0025 with
-sketch_rows = rows / 10, below 0.02 with rows / 50; tests/stats asserts 0.01 at rows / 10.
+exact counts of the same Zipf streams (s 0.8, 1.1, 1.3; 1 M lookups; tests/stats): at most
+0.0025 with sketch_rows = rows / 10; with rows / 50, below 0.02 where that is 200 counters or
+more, but 0.14 for a flat table (s 0.8) with 20. tests/stats asserts 0.01 at rows / 10.
 Distinct rows are estimated the same way (head rows plus sampled rows outside it / p).
 """
 
