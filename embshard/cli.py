@@ -9,12 +9,15 @@ Bad input ends with exit status 2 and ``PROG: error: ...`` on one stderr line, n
 Hydra prints its own config errors (unknown option, bad override, unreadable YAML, a config
 file that is not UTF-8 text) over several lines; `run_hydra_app` makes Hydra raise them instead
 and ends them the same way, unless the user set HYDRA_FULL_ERROR=1 to see Hydra's tracebacks.
+Under torchrun every process reads the config and finds the same errors: `fail_config` has the
+first process of each host print them, once.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Callable, NoReturn
@@ -23,7 +26,10 @@ import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from embshard.train.launcher import under_torchrun
+
 EXIT_BAD_INPUT = 2
+QUIET_RANK_WAIT_S = 10.0  # how long a quiet torchrun process waits for its host's first to report (see fail_config)
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the repository's (editable install)
 
 
@@ -34,8 +40,18 @@ def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
+def fail_config(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """`fail` for an error in the config, which every process of a torchrun job finds alike: the first process of
+    each host (LOCAL_RANK 0) prints it. The others wait up to QUIET_RANK_WAIT_S before they exit, as torchrun stops
+    all processes when one exits (a quiet one exiting first could stop the one that would print); one still running
+    by then prints the error itself."""
+    if under_torchrun() and os.environ.get("LOCAL_RANK", os.environ["RANK"]) != "0":
+        time.sleep(QUIET_RANK_WAIT_S)
+    fail(prog, message, code)
+
+
 def run_hydra_app(prog: str, hydra_main: Callable[[], None]) -> None:
-    """Run a @hydra.main function; Hydra's config errors end as `fail(prog, ...)`."""
+    """Run a @hydra.main function; Hydra's config errors end as `fail_config(prog, ...)`."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's tracebacks
         hydra_main()
         return
@@ -46,11 +62,11 @@ def run_hydra_app(prog: str, hydra_main: Callable[[], None]) -> None:
         message = str(e).split("Config search path:")[0]  # the search path listing is noise here
         if e.__cause__ is not None:  # "Error merging override x=y" says what, its cause says why
             message += ": " + str(e.__cause__).split("\n    full_key")[0]
-        fail(prog, message)
+        fail_config(prog, message)
     except UnicodeDecodeError as e:  # Hydra reads config files as UTF-8 text
         where = _file_being_read(e.__traceback__) or "a config file"
-        fail(prog, f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); config files are YAML in UTF-8: check "
-                   "that tables=NAME (or --config-dir) names the file you meant")
+        fail_config(prog, f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); config files are YAML in UTF-8: "
+                          "check that tables=NAME (or --config-dir) names the file you meant")
     finally:
         del os.environ["HYDRA_FULL_ERROR"]
 

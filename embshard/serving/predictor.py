@@ -34,7 +34,7 @@ from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.runtime.quantized import STORED_DTYPE
 
-__all__ = ["ArtifactError", "Predictor", "ServingSchema"]
+__all__ = ["ArtifactError", "Predictor", "ServingSchema", "merge_rank_errors"]
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,7 @@ class Predictor:
         errors: list[str | None] = [None] * world_size
         dist.all_gather_object(errors, error, group=pg)
         if any(errors):
-            raise ArtifactError("; ".join(dict.fromkeys(f"rank {r}: {m}" if world_size > 1 else m
-                                                        for r, m in enumerate(errors) if m)))
+            raise ArtifactError(merge_rank_errors(errors))
         # the unsharded tables are never allocated: sharded ones replace them
         model = DLRM(info.model, info.specs, info.num_dense, embedding_device="meta")
         model = apply_embedding_sharding(model, plan, pg, None, device)
@@ -142,6 +141,17 @@ class Predictor:
     def _agree(self, error: str | None) -> None:
         """Raise ValueError on every rank if any rank's input is bad, so none is left inside a collective."""
         gather_header([], error, self.pg, self.device)
+
+
+def merge_rank_errors(errors: list[str | None]) -> str:
+    """Each rank's error (None: none) once: ranks with the same one are named together, and one that every
+    rank found (a shared file) names none."""
+    ranks: dict[str, list[int]] = {}
+    for rank, error in enumerate(errors):
+        if error:
+            ranks.setdefault(error, []).append(rank)
+    return "; ".join(error if len(found) == len(errors) else f"rank{'s' * (len(found) > 1)} {', '.join(map(str, found))}: "
+                     f"{error}" for error, found in ranks.items())
 
 
 def _collections(model: nn.Module) -> list[ShardedEmbeddingBagCollection | ShardedEmbeddingCollection]:

@@ -3,7 +3,7 @@
 Ranks other than 0 ignore SIGTERM/SIGINT: they stop when rank 0 sends STOP (it does on
 those signals), or when the group breaks because rank 0 is gone. When another rank is gone,
 rank 0 names it and how it ended, as the local launcher saw it (`reported_exits`), in its
-log and in /healthz.
+log and in /healthz. An error is printed by the first rank to find it (train/report.py), once.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import warnings
+from functools import partial
 from typing import Callable, TypeVar
 
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from embshard.serving.predictor import ArtifactError, Predictor
 from embshard.serving.server import build_app, serve
 from embshard.serving.workers import RankWorker
 from embshard.topology import Topology
-from embshard.train import distributed
+from embshard.train import distributed, report
 from embshard.train.distributed import LOST_GROUP, lost_group
 from embshard.train.launcher import reported_exits, under_torchrun
 
@@ -37,6 +38,8 @@ def run_rank(settings: ServeSettings) -> None:
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun() else 1
     ctx = None
+    failure = None  # (message, exit status, whether it is the loss of a peer)
+    serving = False  # rank 0 serves: the others stop when it stops them, or it finds them gone
     try:
         ctx = distributed.start(Topology(world_size=world, local_world_size=local_world, device="cpu"),
                                 settings.launcher.collective_timeout_s)
@@ -45,26 +48,27 @@ def run_rank(settings: ServeSettings) -> None:
                 signal.signal(signum, signal.SIG_IGN)
         worker = RankWorker(Predictor.load(settings.artifact, ctx.pg), ctx.pg)
         memory = worker.gather_memory()
-        if not ctx.is_main:
+        if ctx.is_main:
+            serving = True
+            broken = asyncio.run(serve_rank0(worker, memory, settings))
+            if broken is not None:
+                failure = (broken, EXIT_FAILED, False)
+        else:
             worker.follow()
-            return
-        broken = asyncio.run(serve_rank0(worker, memory, settings))
-        if broken is not None:
-            fail(PROG, broken, EXIT_FAILED)
     except ArtifactError as e:  # raised on every rank with the same message
-        if ctx is None or ctx.is_main:
-            fail(PROG, str(e))
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        failure = (str(e), EXIT_BAD_INPUT, False)
     except ValueError as e:
-        fail(PROG, (f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else "") + str(e))
+        failure = (report.rank_prefix(ctx) + str(e), EXIT_BAD_INPUT, False)
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise
-        fail(PROG, f"rank {ctx.rank if ctx is not None else '?'}: {LOST_GROUP.split(';')[0]} "
-             f"({str(e).splitlines()[0][:200]})", EXIT_FAILED)
+        failure = (f"{report.rank_prefix(ctx)}{LOST_GROUP.split(';')[0]} ({str(e).splitlines()[0][:200]})",
+                   EXIT_FAILED, True)
     finally:
-        if ctx is not None:
+        if failure is None and ctx is not None:
             distributed.stop(ctx)
+    if failure is not None:  # only the first rank to fail prints
+        report.exit_failed(ctx, *failure, fail=partial(fail, PROG), linger=not serving)
 
 
 async def serve_rank0(worker: RankWorker, memory: list[dict[str, int]], settings: ServeSettings) -> str | None:

@@ -24,7 +24,7 @@ import hydra
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard.cli import CONFIG_DIR, fail, run_hydra_app
+from embshard.cli import CONFIG_DIR, fail, fail_config, run_hydra_app
 from embshard.serving.config import PROG, ServeSettings, num_ranks, register, settings_from_config
 from embshard.train.launcher import launch, under_torchrun
 from embshard.train.main import child_args, user_env
@@ -35,7 +35,7 @@ register()
 def export_checkpoint(settings: ServeSettings) -> ServeSettings:
     """Export ``settings.checkpoint`` for ``launcher.nproc`` ranks; the settings with that artifact to serve."""
     if under_torchrun():
-        fail(PROG, "checkpoint: under torchrun, export first (embshard-export checkpoint=DIR out=ART world_size=N) and "
+        fail_config(PROG, "checkpoint: under torchrun, export first (embshard-export checkpoint=DIR out=ART world_size=N) and "
              "start the ranks with artifact=ART")
     from embshard.serving.export import ExportSettings, export  # torch: only when exporting
 
@@ -55,8 +55,8 @@ def export_checkpoint(settings: ServeSettings) -> ServeSettings:
 def hydra_main(cfg: DictConfig) -> None:
     try:
         settings = settings_from_config(cfg)
-    except (ValueError, OmegaConfBaseException) as e:
-        fail(PROG, str(e))
+    except (ValueError, OmegaConfBaseException) as e:  # every process finds it: printed once
+        fail_config(PROG, str(e))
     args = child_args()
     if settings.checkpoint is not None:
         settings = export_checkpoint(settings)

@@ -58,10 +58,10 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         settings = config.settings_from_config(cfg)
         settings.out_dir.mkdir(parents=True, exist_ok=True)
-    except (ValueError, OmegaConfBaseException) as e:
-        fail(str(e))
+    except (ValueError, OmegaConfBaseException) as e:  # every process finds it: printed once
+        cli.fail_config(PROG, str(e))
     except OSError as e:
-        fail(f"out_dir={settings.out_dir}: cannot create it ({e.strerror}); choose a writable folder")
+        cli.fail_config(PROG, f"out_dir={settings.out_dir}: cannot create it ({e.strerror}); choose a writable folder")
     if not under_torchrun() and settings.launcher.nproc > 1:
         try:
             check_ranks(settings.topology, settings.launcher.nproc, settings.launcher.nproc)

@@ -35,7 +35,7 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
     except SharedError as e:  # the same message on every rank
         failure = (str(e), 2, False)
     except ValueError as e:
-        failure = (f"{_rank(ctx)}{e}", 2, False)
+        failure = (f"{report.rank_prefix(ctx)}{e}", 2, False)
     except CheckpointError as e:
         failure = (str(e), 1, False)
     except KeyboardInterrupt:
@@ -43,21 +43,9 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise
-        failure = (f"{_rank(ctx)}{LOST_GROUP} ({str(e).splitlines()[0][:200]})", 1, True)
+        failure = (f"{report.rank_prefix(ctx)}{LOST_GROUP} ({str(e).splitlines()[0][:200]})", 1, True)
     finally:
         if failure is None and ctx is not None:
             distributed.stop(ctx)
-    if failure is None:
-        return
-    message, code, lost = failure
-    try:
-        first, code = report.claim(ctx, code, lost)
-        if first:  # only the first rank to fail prints
-            fail(message, code=code)
-        raise SystemExit(code)
-    finally:
-        report.stop_after_failure(ctx)
-
-
-def _rank(ctx: distributed.RankContext | None) -> str:
-    return f"rank {ctx.rank}: " if ctx is not None and ctx.world_size > 1 else ""
+    if failure is not None:
+        report.exit_failed(ctx, *failure, fail)

@@ -80,6 +80,15 @@ def test_artifact_of_another_world_size_is_refused(artifact):
     assert "world" in done.stderr.lower(), done.stderr[-2000:]
 
 
+def test_an_error_found_by_every_rank_is_printed_once(artifact):
+    # both ranks find the 1-rank artifact wrong for 2 ranks; one says so, once
+    done = serve_cli(f"artifact={artifact('fp32', 1)}", "launcher.nproc=2", "server.port=0",
+                     "launcher.collective_timeout_s=30")
+    assert_one_line_error(done, "planned for 1 rank(s) but 2")
+    line = next(line for line in done.stderr.splitlines() if line.startswith("embshard-serve: error:"))
+    assert line.count("planned for") == 1 and "rank 0" not in line and "rank 1" not in line, line
+
+
 def test_lost_rank_is_named_in_healthz_and_the_log_and_sigterm_still_stops(artifact, reference, tmp_path):
     server = ServeProcess.start([f"artifact={artifact('fp32', 2)}", "launcher.nproc=2", "launcher.collective_timeout_s=20",
                                  "server.heartbeat_ms=200"], tmp_path)

@@ -13,7 +13,7 @@ import torch
 from embshard.serving.batching import BatchKey, Batcher, BatchRefused, GroupBroken
 from embshard.serving.config import BatchingConfig, ServerConfig
 from embshard.serving.metrics import ServingMetrics, percentile
-from embshard.serving.predictor import ServingSchema
+from embshard.serving.predictor import ServingSchema, merge_rank_errors
 from embshard.serving.requests import RequestError, merge_predicts, parse_lookup, parse_predict
 from embshard.serving.workers import rank_kjt, share
 
@@ -35,6 +35,13 @@ def test_shares_cover_the_batch_evenly(num, world):
     assert all(shares[r][1] == shares[r + 1][0] for r in range(world - 1))
     sizes = [e - s for s, e in shares]
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_rank_errors_are_merged_each_once():
+    assert merge_rank_errors(["m.json: bad", "m.json: bad", "m.json: bad"]) == "m.json: bad"  # found by every rank
+    assert merge_rank_errors([None, "r1: bad", None]) == "rank 1: r1: bad"
+    assert merge_rank_errors(["d: bad", "r1: bad", "d: bad"]) == "ranks 0, 2: d: bad; rank 1: r1: bad"
+    assert merge_rank_errors(["only: bad"]) == "only: bad"
 
 
 def test_rank_kjt_slices_every_feature():

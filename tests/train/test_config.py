@@ -1,6 +1,6 @@
 """configs/train.yaml: every option of every group composes against the typed schema and
 instantiates (values, model, data stream, optimizer, plan); typos and wrong types fail at
-composition with the key named, and the CLI says so in one line."""
+composition with the key named, and the CLI says so in one line (once, under torchrun too)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard import planner
+from embshard import cli, planner
 from embshard.data.batch import FeatureLayout
 from embshard.data.stream import open_stream
 from embshard.models.dlrm import DLRM
+from embshard.ports import free_port
 from embshard.runtime import OptimizerConfig
 from embshard.train import config
 from embshard.train.trainer import dense_optimizer
@@ -173,3 +174,30 @@ def test_cli_bad_input_is_one_line_and_status_2(case: str, cli_runs) -> None:
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
     assert lines[0].startswith("embshard-train: error: ") and needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("local_rank, waits", [("0", False), ("1", True)])
+def test_under_torchrun_a_config_error_is_printed_by_the_hosts_first_process(local_rank, waits, monkeypatch,
+                                                                            capsys) -> None:
+    for key, value in {"RANK": "5", "LOCAL_RANK": local_rank, "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    slept = []
+    monkeypatch.setattr(cli.time, "sleep", lambda s: slept.append((s, capsys.readouterr().err)))
+    with pytest.raises(SystemExit) as exit_:
+        cli.fail_config("prog", "steps: bad")
+    # the others wait (torchrun stops them when the first exits), and print only if still running after the wait
+    assert exit_.value.code == 2 and slept == ([(cli.QUIET_RANK_WAIT_S, "")] if waits else [])
+    assert capsys.readouterr().err == "prog: error: steps: bad\n"
+
+
+def test_torchrun_processes_print_a_config_error_once(tmp_path) -> None:
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "3"]
+    cases = {"steps": ["steps=abc"], "optim.table_optimizer: must be one of": ["optim.table_optimizer=lamb"]}
+    procs = {needle: subprocess.Popen([*torchrun, "--master-port", str(free_port()), "-m", "embshard.train", *args,
+                                       f"out_dir={tmp_path / str(i)}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, cwd=tmp_path)
+             for i, (needle, args) in enumerate(cases.items())}
+    for needle, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        lines = [line for line in (out + err).splitlines() if "embshard-train: error:" in line]
+        assert len(lines) == 1 and needle in lines[0], err[-3000:]  # was one line per process (of those not stopped)
