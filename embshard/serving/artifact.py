@@ -32,6 +32,7 @@ from torch import Tensor
 from embshard.fsutil import sha256_file
 from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
+from embshard.serving.config import num_ranks
 from embshard.serving.quantize import QuantizedBlock
 from embshard.specs import TableSpec, tables_from_list
 from embshard.train.schema import schema_of, value_of
@@ -100,8 +101,10 @@ def read_manifest(folder: Path, world_size: int) -> dict[str, Any]:
             or not isinstance(manifest.get("files"), dict):
         raise ArtifactError(f"{path}: not an {FORMAT} manifest of version {VERSION}; {FIX}")
     if manifest.get("world_size") != world_size:
-        raise ArtifactError(f"{path}: the artifact was planned for {manifest.get('world_size')} rank(s) but {world_size} "
-                            f"loaded it; start {manifest.get('world_size')} ranks, or export again with world_size={world_size}")
+        planned = manifest.get("world_size")
+        planned_ranks = num_ranks(planned) if isinstance(planned, int) else f"{planned!r} ranks"
+        raise ArtifactError(f"{path}: the artifact was planned for {planned_ranks} but {world_size} loaded it; "
+                            f"start {planned_ranks}, or export again with world_size={world_size}")
     needed = [MODEL_FILE, PLAN_FILE, DENSE_FILE, *(rank_file(r) for r in range(world_size))]
     missing = [n for n in needed if n not in manifest["files"]]
     if missing:

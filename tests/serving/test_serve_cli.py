@@ -84,7 +84,7 @@ def test_an_error_found_by_every_rank_is_printed_once(artifact):
     # both ranks find the 1-rank artifact wrong for 2 ranks; one says so, once
     done = serve_cli(f"artifact={artifact('fp32', 1)}", "launcher.nproc=2", "server.port=0",
                      "launcher.collective_timeout_s=30")
-    assert_one_line_error(done, "planned for 1 rank(s) but 2")
+    assert_one_line_error(done, "planned for 1 rank but 2")
     line = next(line for line in done.stderr.splitlines() if line.startswith("embshard-serve: error:"))
     assert line.count("planned for") == 1 and "rank 0" not in line and "rank 1" not in line, line
 
