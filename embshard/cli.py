@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 EXIT_BAD_INPUT = 2
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the repository's (editable install)
+CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")  # package data: embshard/configs/
 
 
 def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
