@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard import cli
+from embshard.tables_option import with_tables_file
 from embshard.train import config
 from embshard.train.launcher import launch, under_torchrun
 
@@ -74,6 +75,10 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
+    try:
+        sys.argv = with_tables_file(sys.argv)
+    except ValueError as e:
+        fail(str(e))
     cli.run_hydra_app(PROG, hydra_main)
 
 
