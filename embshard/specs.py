@@ -181,6 +181,8 @@ def read_tables_file(path: str | Path) -> dict[str, Any]:
         raw = yaml.safe_load(path.read_text())
     except OSError as e:
         raise ValueError(f"{path}: cannot read tables file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); a tables file is YAML text") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, Mapping) or "tables" not in raw:

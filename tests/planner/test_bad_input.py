@@ -97,3 +97,10 @@ def test_plain_tables_file_blocks_are_read(tmp_path):
                                       "constraints": {"tables": {"a": {"sharding_types": ["row_wise"]}}}}
     specs, topology = load_tables_file(path)
     assert specs == (TableSpec("a", 10, 8),) and topology == {"local_world_size": 2, "device": "cpu"}
+
+
+def test_binary_tables_file_is_named(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_bytes(b"tables: [\xff\xfe]\n")
+    with pytest.raises(ValueError, match=r"t\.yaml: not UTF-8 text \(invalid start byte at byte 9\)"):
+        read_tables_file(path)
