@@ -8,12 +8,13 @@ STAMP   := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-stack.txt
+# The development install (README "Install"): every layer on CPU, editable. torchrec goes in
+# without its dependencies (its metadata pulls the CUDA fbgemm-gpu; the cpu extra has the rest).
+$(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -r requirements-stack.txt
+	$(VPY) -m pip install -q -e '.[cpu,serve,test]'
 	$(VPY) -m pip install -q --no-deps torchrec==1.8.0
-	$(VPY) -m pip install -q -e '.[test]'
 	$(VPY) -c "import torch, fbgemm_gpu, torchrec; print('stack ok: torch', torch.__version__, 'torchrec', torchrec.__version__ if hasattr(torchrec, '__version__') else '1.8.0')"
 	touch $(STAMP)
 

@@ -48,7 +48,7 @@ SEED0 = 5000
 
 
 def profile_topology(name: str, world_size: int) -> Topology:
-    raw = yaml.safe_load((REPO / "configs" / "topology" / f"{name}.yaml").read_text())
+    raw = yaml.safe_load((REPO / "embshard" / "configs" / "topology" / f"{name}.yaml").read_text())
     return Topology.from_dict({**raw, "world_size": world_size, "local_world_size": world_size, "batch_size_per_rank": BATCH})
 
 
@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
     parser.add_argument("--from-json", help="re-summarize a previous --json without measuring")
     args = parser.parse_args()
-    if not (REPO / "configs" / "topology" / f"{args.profile}.yaml").exists():
+    if not (REPO / "embshard" / "configs" / "topology" / f"{args.profile}.yaml").exists():
         sys.exit(f"cost_model_accuracy: error: no profile configs/topology/{args.profile}.yaml; run embshard-calibrate profile={args.profile}")
     if args.from_json:  # the same measurements, predictions from the current model and profile
         result = json.loads(Path(args.from_json).read_text())

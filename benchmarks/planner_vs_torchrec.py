@@ -55,7 +55,7 @@ COMMAND = ".venv/bin/python benchmarks/planner_vs_torchrec.py --markdown benchma
 def load_workload(name: str) -> tuple[TableSpec, ...]:
     if name.startswith("dlrm_"):
         return generate_tables(int(name.split("_")[1]), seed=0)
-    specs, _ = load_tables_file(REPO / "configs" / "tables" / f"{name}.yaml")
+    specs, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / f"{name}.yaml")
     return specs
 
 

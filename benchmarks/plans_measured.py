@@ -66,13 +66,13 @@ def workloads() -> dict[str, tuple[tuple[TableSpec, ...], float]]:
               + [TableSpec(f"big{i}", 1_000_000, 64, 1.0) for i in range(2)])
     # Criteo Kaggle's 26 one-hot features, rows capped at 1M, dim 64, in 1 GiB per rank: the five
     # tables of 1M rows (260 MB each with optimizer state) must be spread with care
-    criteo, _ = load_tables_file(REPO / "configs" / "tables" / "criteo_kaggle.yaml")
+    criteo, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_kaggle.yaml")
     criteo_tight = tuple(TableSpec(s.name, min(s.num_embeddings, 1_000_000), 64, 1.0, feature_names=s.feature_names) for s in criteo)
     return {"one_hot_table": (tuple(one_hot), 4.0), "skewed_pooling": (tuple(skewed), 4.0), "criteo_tight": (criteo_tight, 1.0)}
 
 
 def profile_topology(name: str, hbm_gib: float) -> Topology:
-    raw = yaml.safe_load((REPO / "configs" / "topology" / f"{name}.yaml").read_text())
+    raw = yaml.safe_load((REPO / "embshard" / "configs" / "topology" / f"{name}.yaml").read_text())
     return Topology.from_dict({**raw, "world_size": W, "local_world_size": W, "batch_size_per_rank": BATCH, "hbm_gib": hbm_gib})
 
 
@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
     parser.add_argument("--from-json")
     args = parser.parse_args()
-    if not (REPO / "configs" / "topology" / f"{args.profile}.yaml").exists():
+    if not (REPO / "embshard" / "configs" / "topology" / f"{args.profile}.yaml").exists():
         sys.exit(f"plans_measured: error: no profile configs/topology/{args.profile}.yaml; run embshard-calibrate profile={args.profile}")
     if args.from_json:
         result = json.loads(Path(args.from_json).read_text())

@@ -53,7 +53,7 @@ def specs_and_plan(batch: int, data_parallel: bool):
     from embshard.specs import load_tables_file
     from embshard.topology import Topology
 
-    specs, _ = load_tables_file(ROOT / "configs" / "tables" / "criteo_small.yaml")
+    specs, _ = load_tables_file(ROOT / "embshard" / "configs" / "tables" / "criteo_small.yaml")
     topology = Topology(world_size=WORLD_SIZE, local_world_size=WORLD_SIZE, hbm_gib=16, batch_size_per_rank=batch, device="cpu")
     sharded = tuple(t for t in ShardingType if t is not ShardingType.DATA_PARALLEL)
     constraints = None if data_parallel else Constraints({s.name: TableConstraint(sharded) for s in specs})

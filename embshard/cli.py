@@ -26,11 +26,15 @@ import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from embshard.train.launcher import under_torchrun
-
 EXIT_BAD_INPUT = 2
 QUIET_RANK_WAIT_S = 10.0  # how long a quiet torchrun process waits for its host's first to report (see fail_config)
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")  # the repository's (editable install)
+CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")  # package data: embshard/configs/
+RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun (or any rank launcher) sets
+
+
+def under_torchrun() -> bool:
+    """This process is one rank of a job started by torchrun (its rank variables are set)."""
+    return all(k in os.environ for k in RANK_ENV)
 
 
 def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:

@@ -1,9 +1,10 @@
 """embshard-plan: a dry run of the sharding planner; needs no GPU.
 
     embshard-plan tables=criteo_tb topology.world_size=64 topology.local_world_size=8 topology.hbm_gib=16 out=plan.json
+    embshard-plan tables_file=my_tables.yaml topology.world_size=16   # a plain YAML file anywhere
     embshard-plan --config-dir my_configs tables=mine      # my_configs/tables/mine.yaml
 
-A Hydra app over configs/plan.yaml (groups tables/, topology/, planner/). It prints the
+A Hydra app over embshard/configs/plan.yaml (groups tables/, topology/, planner/). It prints the
 predicted load of every rank and a summary, writes the plan to `out` (JSON) and a chart of
 per-rank load and memory beside it (`.png`). Bad input ends with exit status 2 and one
 line on stderr, ``embshard-plan: error: ...``.
@@ -12,6 +13,7 @@ line on stderr, ``embshard-plan: error: ...``.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,21 +26,21 @@ from rich.console import Console
 
 from embshard import planner
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
+from embshard.extras import MissingExtra, require
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
+from embshard.tables_option import with_tables_file
 from embshard.topology import Topology
 
-CONFIG_KEYS = ("tables", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
+CONFIG_KEYS = ("tables", "tables_file", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
 PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
 PROG = "embshard-plan"
-# The repository's configs/ (an editable install; see README). Absolute, because Hydra reads
-# a relative config_path of an imported module as a Python package.
 
 
 def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
     """Plan the composed config, print the report, write the JSON and the chart."""
-    where = f"tables={tables_option} ({tables_option}.yaml)"
+    where = f"tables_file={cfg['tables_file']}" if cfg.get("tables_file") else f"tables={tables_option} ({tables_option}.yaml)"
     if isinstance(cfg.get("tables"), Mapping):
         raise ValueError(f"{where}: the file's blocks landed under 'tables'; make '# @package _global_' its first line")
     if "tables" not in cfg:
@@ -55,6 +57,8 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
         raise ValueError(f"max_report_ranks: must be an integer >= 2 (the slowest and the fastest rank), got {max_ranks!r}")
     if not isinstance(cfg["measure"], bool):
         raise ValueError(f"measure: must be true or false, got {cfg['measure']!r}")
+    if cfg["measure"]:
+        require("measure=true", "torch")  # before planning: it runs the plan on local ranks
     steps = cfg["measure_steps"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"measure_steps: must be a positive integer, got {steps!r}")
@@ -114,11 +118,15 @@ def hydra_main(cfg: DictConfig) -> None:
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
         run(raw, HydraConfig.get().runtime.choices.get("tables", "?"), console)
-    except (ValueError, OmegaConfBaseException) as e:
+    except (ValueError, OmegaConfBaseException, MissingExtra) as e:
         fail(PROG, str(e))
 
 
 def main() -> None:
+    try:
+        sys.argv = with_tables_file(sys.argv)
+    except ValueError as e:
+        fail(PROG, str(e))
     run_hydra_app(PROG, hydra_main)
 
 

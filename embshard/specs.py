@@ -2,8 +2,10 @@
 
 A table spec is a frozen value built from YAML/dicts with `TableSpec.from_dict`, which
 rejects bad input with the field's path (``tables[3].num_embeddings: ...``).
-`load_tables_file(path)` reads ``configs/tables/NAME.yaml`` style files: a top-level
-``tables:`` list and an optional ``topology:`` block.
+`read_tables_file(path)` reads a tables file (the shipped ``embshard/configs/tables/NAME.yaml``,
+or a user's, anywhere on disk; see embshard.tables_option): a top-level ``tables:`` list and
+optional ``topology:`` and ``constraints:`` blocks; `load_tables_file(path)` returns its specs and
+topology block.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
+
+from embshard.topology import Topology
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 # Bytes a row carries beyond its elements: FBGEMM's row-wise int8 keeps an fp16 scale and an
@@ -200,18 +204,47 @@ def tables_from_list(raw: Any, where: str = "tables") -> tuple[TableSpec, ...]:
     return tables
 
 
-def load_tables_file(path: str | Path) -> tuple[tuple[TableSpec, ...], dict[str, Any] | None]:
-    """Read a tables YAML file: returns the tables and its ``topology:`` block (or None)."""
+TABLES_FILE_KEYS = ("tables", "topology", "constraints")
+
+
+def read_tables_file(path: str | Path) -> dict[str, Any]:
+    """Read and check a tables YAML file; errors name the file and the field (``FILE: tables[3].dim: ...``).
+
+    Its ``topology:`` block merges over a topology option and its ``constraints:`` may name ranks
+    of that topology, so here each key they set is checked; the merged whole is checked at plan time.
+    """
+    from embshard.planner.types import Constraints  # not at the top: the planner package imports this module
+
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as e:
         raise ValueError(f"{path}: cannot read tables file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); a tables file is YAML text") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(raw, Mapping) or "tables" not in raw:
-        raise ValueError(f"{path}: expected a top-level 'tables:' list (and optionally 'topology:')")
-    extra = sorted(set(raw) - {"tables", "topology"})
+        raise ValueError(f"{path}: expected a top-level 'tables:' list (and optionally 'topology:' and 'constraints:')")
+    extra = sorted(set(raw) - set(TABLES_FILE_KEYS))
     if extra:
-        raise ValueError(f"{path}: unknown top-level key(s) {extra}; a tables file holds 'tables:' and optionally 'topology:'")
+        raise ValueError(f"{path}: unknown top-level key(s) {extra}; a tables file holds 'tables:' and optionally 'topology:' "
+                         "and 'constraints:'")
+    specs = tables_from_list(raw["tables"], f"{path}: tables")
+    topology = raw.get("topology")
+    if topology is not None:
+        if not isinstance(topology, Mapping):
+            raise ValueError(f"{path}: topology: expected a mapping of topology keys, got {type(topology).__name__}")
+        world = topology.get("world_size", topology.get("local_world_size", 1))
+        Topology.from_dict({"world_size": world, "local_world_size": world, **topology}, f"{path}: topology")
+    if raw.get("constraints") is not None:
+        world_size = topology.get("world_size") if topology else None
+        Constraints.from_dict(raw["constraints"], [s.name for s in specs], world_size if isinstance(world_size, int) else 1 << 30,
+                              f"{path}: constraints")
+    return dict(raw)
+
+
+def load_tables_file(path: str | Path) -> tuple[tuple[TableSpec, ...], dict[str, Any] | None]:
+    """Read a tables YAML file: returns the tables and its ``topology:`` block (or None)."""
+    raw = read_tables_file(path)
     return tables_from_list(raw["tables"], f"{path}: tables"), raw.get("topology")

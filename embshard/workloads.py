@@ -1,6 +1,6 @@
 """Seeded generator of DLRM-like embedding table sets, for planner tests and benchmarks.
 
-    python -m embshard.workloads --num-tables 856 --seed 0 > configs/tables/dlrm_856.yaml
+    python -m embshard.workloads --num-tables 856 --seed 0 > embshard/configs/tables/dlrm_856.yaml
 
 Distributions (all drawn from one ``numpy.random.Generator(PCG64(seed))``):
 - rows: a mixture of log-uniform ranges, most tables small: ROW_MIXTURE gives

@@ -37,6 +37,14 @@ tables:
 """,
     "noheader.yaml": "tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\n",
     "broken.yaml": "# @package _global_\ntables: [{name: a, num_embeddings: 10\n",
+    "plain.yaml": """tables:
+  - {name: a, num_embeddings: 1000, embedding_dim: 16, pooling_factor: 2.0}
+  - {name: b, num_embeddings: 50000, embedding_dim: 32, pooling_factor: 8.0}
+topology: {world_size: 4, local_world_size: 2, hbm_gib: 1, device: cpu}
+constraints:
+  tables: {b: {sharding_types: [row_wise]}}
+""",
+    "plain_badtopo.yaml": "tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: {world_size: 4, hbm_gib: -1}\n",
 }
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # a picture given as a tables file
 
@@ -57,6 +65,13 @@ BAD = {
     "bad_override": (["topology.world_size=="], "Error parsing override 'topology.world_size=='"),
     "unwritable_out": (["out={user}/tables/mine.yaml/plan.json"], "cannot write the plan"),
     "bad_planner_option": (["planner.ilp_time_s=-1"], "planner.ilp_time_s: must be a positive number of seconds, got -1"),
+    "plain_file_bad_field": (["tables_file={user}/tables/badspec.yaml"],
+                             "/tables/badspec.yaml: tables[1] (b).num_embeddings: must be a positive integer, got -5"),
+    "plain_file_bad_topology": (["tables_file={user}/tables/plain_badtopo.yaml"],
+                                "/tables/plain_badtopo.yaml: topology.hbm_gib: must be a positive number, got -1"),
+    "plain_file_missing": (["tables_file={user}/nope.yaml"], "/nope.yaml: cannot read tables file (No such file or directory)"),
+    "plain_file_and_option": (["tables_file={user}/tables/plain.yaml", "tables=criteo_tb"],
+                              "also tables=criteo_tb; give either tables=NAME"),
 }
 
 
@@ -74,6 +89,7 @@ def runs(tmp_path_factory):
         "override_topology": ["tables=criteo_tb", "topology.world_size=8", "topology.hbm_gib=40",
                               "topology.batch_size_per_rank=1024", *FAST],
         "user_file": ["--config-dir", str(user), "tables=mine", "planner.time_budget_s=1"],  # ILP on
+        "plain_file": [f"tables_file={user}/tables/plain.yaml", "topology.hbm_gib=2", *FAST],
         **{name: [a.format(user=user) for a in args] + FAST for name, (args, _) in BAD.items()},
     }
     procs = {}
@@ -129,6 +145,14 @@ def test_user_tables_file_via_config_dir(runs):
     assert (topo.world_size, topo.local_world_size, topo.hbm_gib, topo.device) == (4, 2, 1.0, "cpu")
     assert [s.name for s in plan.specs] == ["a", "b", "c"]
     assert plan.spec("c").pooled is False
+    assert plan.placement("b").sharding_type is ShardingType.ROW_WISE  # the file's constraints block
+
+
+def test_plain_tables_file_by_path(runs):
+    plan, _, _ = ok_plan(runs, "plain_file")
+    topo = plan.topology
+    assert (topo.world_size, topo.local_world_size, topo.hbm_gib, topo.device) == (4, 2, 2.0, "cpu")  # the command line wins
+    assert [s.name for s in plan.specs] == ["a", "b"]
     assert plan.placement("b").sharding_type is ShardingType.ROW_WISE  # the file's constraints block
 
 

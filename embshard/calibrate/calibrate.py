@@ -54,7 +54,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"unknown key(s) {unknown}; allowed keys are {list(TOP_KEYS)}")
     profile = cfg.get("profile")
     if not isinstance(profile, str) or not profile or not profile.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"profile: must be a name of letters, digits, '_' and '-' (the file configs/topology/<profile>.yaml), got {profile!r}")
+        raise ValueError(f"profile: must be a name of letters, digits, '_' and '-' (the file out_dir/<profile>.yaml), got {profile!r}")
     if profile in ("cpu", "gpu"):
         raise ValueError(f"profile: {profile!r} is a shipped datasheet topology; choose another name, e.g. {profile}_measured")
     if cfg.get("device") not in DEVICES:
@@ -235,8 +235,11 @@ def _num(x: float) -> str:
     return yaml.safe_dump(float(f"{x:.6g}")).splitlines()[0]
 
 
-def write_profile(text: str, cfg: Mapping[str, Any], config_dir: Path) -> Path:
-    out_dir = Path(cfg["out_dir"]) if cfg.get("out_dir") else config_dir / "topology"
+def write_profile(text: str, cfg: Mapping[str, Any]) -> Path:
+    """Write ``out_dir/<profile>.yaml``; out_dir is a topology group folder (DIR/topology for ``--config-dir DIR``)."""
+    if not isinstance(cfg.get("out_dir"), str) or not cfg["out_dir"]:
+        raise ValueError(f"out_dir: must be a folder, got {cfg.get('out_dir')!r}; e.g. out_dir=my_configs/topology")
+    out_dir = Path(cfg["out_dir"])
     path = out_dir / f"{cfg['profile']}.yaml"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,17 +1,18 @@
 """embshard-calibrate: measure this machine and write a topology profile for the planner.
 
-    embshard-calibrate profile=cpu_gloo_measured                 # ~10 min on 2 cores
-    embshard-plan topology=cpu_gloo_measured tables=dlrm_150     # plan with measured costs
+    embshard-calibrate profile=mine                               # ~10 min on 2 cores: outputs/calibrate/topology/mine.yaml
+    embshard-plan --config-dir outputs/calibrate topology=mine tables=dlrm_150   # plan with measured costs
     embshard-calibrate profile=mine from_data=outputs/calibrate/mine.json   # refit only
     embshard-calibrate profile=h200 device=cuda topology.world_size=8 topology.local_world_size=8 topology.hbm_gib=139
 
-A Hydra app over configs/calibrate.yaml. Measures FBGEMM lookups forward and backward over
+A Hydra app over embshard/configs/calibrate.yaml. Measures FBGEMM lookups forward and backward over
 dims, pooling factors, rows and batch sizes; all-to-all and all-reduce over message and
 world sizes; and random layouts of generated workloads on 2 and 4 local ranks (device=cpu:
 gloo ranks; device=cuda: nccl ranks, one GPU each, world sizes above the GPU count skipped;
 device=auto: cuda where torch sees a GPU); fits the
 planner's per-phase cost terms (embshard.calibrate.fit) and writes
-configs/topology/<profile>.yaml and the raw measurements (data_out). Bad input ends with
+out_dir/<profile>.yaml (a topology group folder, default outputs/calibrate/topology: the
+installed package's own configs are not written) and the raw measurements (data_out). Bad input ends with
 exit status 2 and one line on stderr, ``embshard-calibrate: error: ...``.
 """
 
@@ -46,12 +47,14 @@ def run(cfg: dict) -> Path:
         print(f"wrote measurements to {cfg['data_out']}", flush=True)
     result = fit_data(data)
     topology = profile_topology(base_topology(cfg, data.get("device", "cpu")), data, result)
-    path = write_profile(profile_yaml(topology, data, result, command), cfg, Path(CONFIG_DIR))
+    path = write_profile(profile_yaml(topology, data, result, command), cfg)
     for src, e in sorted(result.errors.items()):
         print(f"fit {src}: median error {e['median']:.1%}, p90 {e['p90']:.1%} over {e['n']}", flush=True)
     if comm_note(data):
         print(comm_note(data), flush=True)
-    print(f"wrote {path}; plan with: embshard-plan topology={cfg['profile']}", flush=True)
+    use = f"--config-dir {path.parent.parent} topology" if path.parent.name == "topology" else \
+        "(move it into DIR/topology/) --config-dir DIR topology"
+    print(f"wrote {path}; plan with: embshard-plan {use}={cfg['profile']}", flush=True)
     return path
 
 

@@ -2,3 +2,7 @@
 
 embshard.models.dlrm: DLRM (dot or DCNv2 interaction, optional sequence features); embshard.models.config: their settings.
 """
+
+from embshard.extras import require
+
+require("embshard.models", "torch")

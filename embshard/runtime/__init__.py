@@ -6,6 +6,10 @@
     pooled.values().sum().backward() # fused optimizer updates the shards in backward
 """
 
+from embshard.extras import require
+
+require("embshard.runtime", "torch")
+
 from embshard.runtime.apply import shard_model
 from embshard.runtime.collection import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.optim import OptimizerConfig

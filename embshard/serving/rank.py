@@ -27,7 +27,8 @@ from embshard.serving.workers import RankWorker
 from embshard.topology import Topology
 from embshard.train import distributed, report
 from embshard.train.distributed import LOST_GROUP, lost_group
-from embshard.train.launcher import reported_exits, under_torchrun
+from embshard.cli import under_torchrun
+from embshard.train.launcher import reported_exits
 
 LAUNCHER_NOTICE_S = 2.0  # how long rank 0 waits for the launcher to report a rank it lost
 T = TypeVar("T")

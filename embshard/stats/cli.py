@@ -3,7 +3,7 @@
     embshard-stats tables=criteo_small data=synthetic num_samples=200000 out=measured/tables/mine.yaml
     embshard-plan --config-dir measured tables=mine
 
-A Hydra app over configs/stats.yaml (groups tables/, data/ as embshard-train composes them).
+A Hydra app over embshard/configs/stats.yaml (groups tables/, data/ as embshard-train composes them).
 It reads the first ``num_samples`` training samples with a progress bar, prints a summary per
 table and writes ``out``: the tables file with each table's measured ``pooling_factor`` and
 ``hot_rows`` (and the file's ``topology:`` block, if it had one). Bad input ends with exit
@@ -35,7 +35,7 @@ from embshard.train.schema import value_of
 PROG = "embshard-stats"
 CONFIG_KEYS = ("tables", "topology", "data", "num_samples", "batch_size", "exact_max_rows", "sketch_rows", "fractions", "out")
 
-register()  # the typed schemas of the data/ options (configs/data/*.yaml start from /schema/data/NAME)
+register()  # the typed schemas of the data/ options (embshard/configs/data/*.yaml start from /schema/data/NAME)
 
 
 def run(cfg: DictConfig, tables_option: str, data_option: str, console: Console) -> None:
@@ -92,7 +92,7 @@ def summary_table(stats: Sequence[TableStats]) -> Table:
 
 
 def tables_file_text(specs: Sequence[TableSpec], topology: Any, source: str) -> str:
-    """A tables file like configs/tables/NAME.yaml (Hydra's '# @package _global_' first), one table a line."""
+    """A tables file like embshard/configs/tables/NAME.yaml (Hydra's '# @package _global_' first), one table a line."""
     lines = ["# @package _global_", f"# Measured by embshard-stats ({source}): pooling_factor and hot_rows",
              "# ([fraction_of_rows, fraction_of_lookups], hottest rows first) of every table.", "tables:"]
     for spec in specs:

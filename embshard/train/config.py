@@ -67,6 +67,7 @@ class ConstraintsConfig:
 @dataclass
 class TrainConfig:
     tables: List[schema_of(TableSpec)] = MISSING  # type: ignore[valid-type]
+    tables_file: Optional[str] = None  # a plain YAML tables file (embshard.tables_option) instead of tables=NAME
     topology: schema_of(Topology) = MISSING  # type: ignore[valid-type]
     constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
     planner: schema_of(PlannerConfig) = field(default_factory=schema_of(PlannerConfig))  # type: ignore[valid-type]

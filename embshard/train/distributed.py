@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from embshard.topology import Topology
-from embshard.train.launcher import check_ranks, under_torchrun
+from embshard.cli import under_torchrun
+from embshard.train.launcher import check_ranks
 
 T = TypeVar("T")
 

@@ -29,7 +29,6 @@ from embshard.fsutil import write_text_atomic
 from embshard.ports import free_port
 from embshard.topology import Topology
 
-RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RANK_EXITS_ENV = "EMBSHARD_RANK_EXITS"  # the folder where the local launcher writes how a failed rank ended
 EXIT_GRACE_S = 10.0  # beyond the collective timeout, for ranks to print their error and exit
 
@@ -40,10 +39,6 @@ class LauncherConfig:
     collective_timeout_s: float = 300.0  # a collective waiting longer than this fails the run
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: any free port
-
-
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in RANK_ENV)
 
 
 def check_ranks(topology: Topology, world_size: int, local_world_size: int) -> None:

@@ -25,8 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard import cli
+from embshard.tables_option import with_tables_file
 from embshard.train import config
-from embshard.train.launcher import check_ranks, launch, under_torchrun
+from embshard.cli import under_torchrun
+from embshard.train.launcher import check_ranks, launch
 
 PROG = "embshard-train"
 USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
@@ -78,6 +80,10 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # a torchrec import-time notice
+    try:
+        sys.argv = with_tables_file(sys.argv)
+    except ValueError as e:
+        fail(str(e))
     cli.run_hydra_app(PROG, hydra_main)
 
 

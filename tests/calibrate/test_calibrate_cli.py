@@ -57,6 +57,7 @@ def test_calibrate_writes_a_profile_the_planner_reads(calibrated):
         assert rank["total_ms"] == pytest.approx(sum(v for k, v in rank.items() if k != "total_ms"), rel=1e-6)
         assert min(rank.values()) >= 0 and rank["input_dist_ms"] > 0
     assert "fit plans: median error" in run.stdout
+    assert f"wrote {root}/topology/tiny_test.yaml; plan with: embshard-plan --config-dir {root} topology=tiny_test" in run.stdout
 
 
 def test_plan_measure_prints_measured_next_to_predicted(calibrated):
@@ -103,3 +104,18 @@ def test_bad_config_names_the_key(override, needle):
 def test_measure_option_is_validated():
     run = cli("embshard-plan", "measure_steps=0", timeout=120)
     assert run.returncode == 2 and "measure_steps: must be a positive integer, got 0" in run.stderr
+
+
+def test_profile_goes_to_a_user_folder_not_the_package(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from embshard.calibrate.calibrate import write_profile
+    from embshard.cli import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("calibrate", ["profile=mine"]), resolve=True)
+    monkeypatch.chdir(tmp_path)
+    assert write_profile("device: cpu\n", cfg) == Path("outputs/calibrate/topology/mine.yaml")
+    assert (tmp_path / "outputs/calibrate/topology/mine.yaml").read_text() == "device: cpu\n"
+    assert not (Path(CONFIG_DIR) / "topology" / "mine.yaml").exists()

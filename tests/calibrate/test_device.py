@@ -14,6 +14,7 @@ import yaml
 from embshard.calibrate import calibrate, device
 from embshard.calibrate.calibrate import comm_note, fit_data, profile_topology, profile_yaml
 from embshard.calibrate.device import clock_reader, resolve_device
+from embshard.cli import CONFIG_DIR
 from embshard.calibrate.fit import Fit
 from embshard.planner import manual_plan
 from embshard.specs import TableSpec
@@ -96,7 +97,7 @@ def test_calibrate_device_cuda_without_a_gpu_is_one_line():
     assert run.returncode == 2, run.stderr
     assert run.stderr.startswith("embshard-calibrate: error: device=cuda: no CUDA device on this machine")
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
-    cfg = yaml.safe_load((Path(calibrate.__file__).parents[2] / "configs" / "calibrate.yaml").read_text())
+    cfg = yaml.safe_load((Path(CONFIG_DIR) / "calibrate.yaml").read_text())
     cfg = {k: v for k, v in cfg.items() if k not in ("defaults", "hydra")}
     calibrate.validate(cfg)  # the shipped config, device: cpu
     with pytest.raises(ValueError, match=r"device: must be one of \['cpu', 'cuda', 'auto'\] \(auto: cuda where torch sees a GPU\), got 'tpu'"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from embshard.cli import CONFIG_DIR
 from embshard.calibrate.synthetic import bench_tables
 from embshard.planner import evaluate, plan
 from embshard.planner.api import placements_of
@@ -20,7 +21,7 @@ from embshard.planner.search.problem import build_problem
 from embshard.planner.types import Constraints
 from embshard.topology import Topology
 
-PROFILE = Path(__file__).resolve().parents[2] / "configs" / "topology" / "cpu_gloo_measured.yaml"
+PROFILE = Path(CONFIG_DIR) / "topology" / "cpu_gloo_measured.yaml"
 
 
 def profile(world_size: int) -> Topology:

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from embshard.planner import Constraints, PlanInfeasibleError, ShardingType, TableConstraint, plan
-from embshard.specs import TableSpec, load_tables_file, tables_from_list
+from embshard.specs import TableSpec, load_tables_file, read_tables_file, tables_from_list
 from embshard.topology import Topology
 
 GOOD = {"name": "a", "num_embeddings": 10, "embedding_dim": 8}
@@ -105,3 +105,41 @@ def test_tables_file_errors(tmp_path):
     path.write_text("tables: [\n")
     with pytest.raises(ValueError, match="not valid YAML"):
         load_tables_file(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: {world_size: 4, hbm_gib: -1}\n",
+     r"t\.yaml: topology\.hbm_gib: must be a positive number, got -1"),
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: {ranks: 4}\n",
+     r"t\.yaml: topology: unknown key\(s\) \['ranks'\]"),
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: 8\n", r"t\.yaml: topology: expected a mapping"),
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\nconstraints: {tables: {b: {ranks: [0]}}}\n",
+     r"t\.yaml: constraints\.tables\.b: no table named 'b'"),
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: {world_size: 2, local_world_size: 2}\n"
+     "constraints: {tables: {a: {ranks: [5]}}}\n", r"t\.yaml: constraints\.tables\.a\.ranks\[0\]: rank 5 does not exist"),
+    ("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\nplanner: {use_ilp: true}\n",
+     r"t\.yaml: unknown top-level key\(s\) \['planner'\]"),
+])
+def test_plain_tables_file_errors_name_the_file_and_field(tmp_path, text, message):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_tables_file(path)
+
+
+def test_plain_tables_file_blocks_are_read(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("tables: [{name: a, num_embeddings: 10, embedding_dim: 8}]\ntopology: {local_world_size: 2, device: cpu}\n"
+                    "constraints: {tables: {a: {sharding_types: [row_wise]}}}\n")
+    assert read_tables_file(path) == {"tables": [{"name": "a", "num_embeddings": 10, "embedding_dim": 8}],
+                                      "topology": {"local_world_size": 2, "device": "cpu"},
+                                      "constraints": {"tables": {"a": {"sharding_types": ["row_wise"]}}}}
+    specs, topology = load_tables_file(path)
+    assert specs == (TableSpec("a", 10, 8),) and topology == {"local_world_size": 2, "device": "cpu"}
+
+
+def test_binary_tables_file_is_named(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_bytes(b"tables: [\xff\xfe]\n")
+    with pytest.raises(ValueError, match=r"t\.yaml: not UTF-8 text \(invalid start byte at byte 9\)"):
+        read_tables_file(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from embshard.cli import CONFIG_DIR
 from embshard.planner import plan
 from embshard.planner.api import PlanInfeasibleError, evaluate, placement_for
 from embshard.planner.cost.perf import data_parallel_perf
@@ -75,7 +76,7 @@ def test_inference_plan_fits_where_training_does_not():
 def test_replicas_leave_room_for_the_remaining_tables():
     """Serving makes replicas cheap, so the greedy start would replicate the largest tables until the
     rest fit nowhere; it keeps room for them: criteo_small (51 MiB fp32) on 2 ranks of 0.045 GiB."""
-    specs, _ = load_tables_file(Path(__file__).resolve().parents[2] / "configs" / "tables" / "criteo_small.yaml")
+    specs, _ = load_tables_file(Path(CONFIG_DIR) / "tables" / "criteo_small.yaml")
     topo = Topology(world_size=2, local_world_size=2, hbm_gib=0.045, batch_size_per_rank=512, device="cpu",
                     replicated_dp_lookup=True)
     p = plan(specs, topo, time_budget_s=0.5, inference=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embshard.cli import CONFIG_DIR
 from embshard.specs import load_tables_file
 from embshard.workloads import generate_tables, tables_yaml
 
@@ -71,4 +72,4 @@ def test_shipped_files_regenerate_identically(num_tables):
         [sys.executable, "-m", "embshard.workloads", "--num-tables", str(num_tables), "--seed", "0"],
         capture_output=True, text=True, check=True, cwd=ROOT,
     ).stdout
-    assert out == (ROOT / f"configs/tables/dlrm_{num_tables}.yaml").read_text()
+    assert out == (Path(CONFIG_DIR) / "tables" / f"dlrm_{num_tables}.yaml").read_text()

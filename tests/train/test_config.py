@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf.errors import OmegaConfBaseException
 
 from embshard import cli, planner
+from embshard.cli import CONFIG_DIR
 from embshard.data.batch import FeatureLayout
 from embshard.data.stream import open_stream
 from embshard.models.dlrm import DLRM
@@ -25,7 +26,7 @@ from embshard.train import config
 from embshard.train.trainer import dense_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "configs"
+CONFIGS = Path(CONFIG_DIR)
 CLI = str(Path(sys.executable).parent / "embshard-train")
 GROUPS = ("tables", "topology", "planner", "model", "data", "optim", "launcher", "experiment")
 config.register()

@@ -28,6 +28,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 
+from embshard.cli import CONFIG_DIR
 from embshard.ports import free_port
 from embshard.train import config, distributed
 from embshard.train.checkpoint import read_tables
@@ -35,7 +36,7 @@ from embshard.train.trainer import Trainer
 from train_tables import FAST_PLANNER, MODEL
 
 BIN = Path(sys.executable).parent
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(CONFIG_DIR)
 STAGE_TIMEOUT_S = 420
 # One sharding type per table on 2 ranks (appended to A's and B's command lines).
 LAYOUT = {"t0": "[row_wise]", "t1": "[table_wise]", "t2": "[column_wise]", "t3": "[data_parallel]",

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from embshard.cli import CONFIG_DIR
 from embshard.train import config, distributed
 from embshard.train.trainer import Trainer
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(CONFIG_DIR)
 config.register()
 
 # Six small tables; the 2-rank runs put each on a different sharding type (see test_training_runs.py).
