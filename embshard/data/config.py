@@ -6,6 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from hydra.core.config_store import ConfigStore
+
+from embshard.schema import schema_of
+
 
 @dataclass(frozen=True)
 class SyntheticConfig:
@@ -52,3 +56,13 @@ def check_files(files: Sequence[str], key: str) -> None:
                 pass
         except OSError as e:
             raise ValueError(f"{key}[{i}]: cannot read Criteo file {path} ({e.strerror}); check the path") from None
+
+
+DATA_SCHEMAS = {"synthetic": SyntheticConfig, "criteo_tsv": CriteoTsvConfig, "criteo_npy": CriteoNpyConfig}
+
+
+def register_data_schemas() -> None:
+    """The typed schemas the data/ options start from (embshard/configs/data/NAME.yaml: /schema/data/NAME)."""
+    cs = ConfigStore.instance()
+    for name, cls in DATA_SCHEMAS.items():
+        cs.store(group="schema/data", name=name, node=schema_of(cls))

@@ -35,7 +35,7 @@ from embshard.planner.plan import ShardingPlan
 from embshard.serving.config import num_ranks
 from embshard.serving.quantize import QuantizedBlock
 from embshard.specs import TableSpec, tables_from_list
-from embshard.train.schema import schema_of, value_of
+from embshard.schema import schema_of, value_of
 
 FORMAT, VERSION = "embshard-serving-artifact", 1
 MANIFEST, MODEL_FILE, PLAN_FILE, DENSE_FILE = "manifest.json", "model.json", "plan.json", "dense.safetensors"

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from embshard.train.launcher import LauncherConfig
-from embshard.train.schema import schema_of, value_of
+from embshard.schema import schema_of, value_of
 
 PROG = "embshard-serve"
 EXIT_FAILED = 1  # a rank lost the group (bad input: embshard.cli.EXIT_BAD_INPUT)

@@ -27,15 +27,15 @@ from rich.table import Table
 from tqdm import tqdm
 
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
+from embshard.data.config import register_data_schemas
+from embshard.schema import value_of
 from embshard.specs import TableSpec, tables_from_list
 from embshard.stats.measure import TableStats, measure, measured_spec
-from embshard.train.config import register
-from embshard.train.schema import value_of
 
 PROG = "embshard-stats"
 CONFIG_KEYS = ("tables", "topology", "data", "num_samples", "batch_size", "exact_max_rows", "sketch_rows", "fractions", "out")
 
-register()  # the typed schemas of the data/ options (embshard/configs/data/*.yaml start from /schema/data/NAME)
+register_data_schemas()  # the typed schemas of the data/ options (embshard/configs/data/*.yaml start from /schema/data/NAME)
 
 
 def run(cfg: DictConfig, tables_option: str, data_option: str, console: Console) -> None:

@@ -18,16 +18,16 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig, check_files
+from embshard.data.config import (CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig, check_files,
+                                  register_data_schemas)
 from embshard.models.config import DLRMConfig
 from embshard.planner.types import Constraints
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 from embshard.train.launcher import LauncherConfig
 from embshard.train.optim import OptimConfig
-from embshard.train.schema import schema_of, value_of
+from embshard.schema import schema_of, value_of
 
-DATA_SCHEMAS = {"synthetic": SyntheticConfig, "criteo_tsv": CriteoTsvConfig, "criteo_npy": CriteoNpyConfig}
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,7 @@ class TrainConfig:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for name, cls in DATA_SCHEMAS.items():
-        cs.store(group="schema/data", name=name, node=schema_of(cls))
+    register_data_schemas()
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ def python(code: str, *hidden: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", f"import sys\n{hide}{code}"], capture_output=True, text=True, timeout=120)
 
 
-def test_planner_cli_loads_no_torch():
-    run = python("import embshard.plan_cli, embshard.planner.report, embshard.scripts\n"
+def test_planner_and_stats_clis_load_no_torch():
+    run = python("import embshard.plan_cli, embshard.planner.report, embshard.scripts, embshard.stats.cli\n"
                  "print(sorted(m for m in ('torch', 'fbgemm_gpu', 'torchrec', 'aiohttp', 'safetensors') if m in sys.modules))")
     assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
 

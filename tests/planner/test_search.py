@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from embshard.cli import CONFIG_DIR
 from embshard.planner import Constraints, PlanInfeasibleError, ShardingType, TableConstraint, evaluate, manual_plan, plan
 from embshard.planner.api import placements_of
 from embshard.planner.cost.storage import holder_storage
@@ -20,7 +21,7 @@ from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
 from embshard.workloads import generate_tables
 
-PROFILE = Path(__file__).resolve().parents[2] / "configs" / "topology" / "cpu_gloo_measured.yaml"
+PROFILE = Path(CONFIG_DIR) / "topology" / "cpu_gloo_measured.yaml"
 TW_ONLY = TableConstraint(sharding_types=(ShardingType.TABLE_WISE,))
 
 

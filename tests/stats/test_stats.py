@@ -15,16 +15,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from embshard.planner.plan import ShardingPlan, input_hash
+from embshard.cli import CONFIG_DIR
+from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, SyntheticConfig
 from embshard.plan_cli import run as plan_run
+from embshard.planner.plan import ShardingPlan, input_hash
 from embshard.specs import TableSpec, load_tables_file
 from embshard.stats.counters import ExactCounter, SketchCounter
-from embshard.data.config import CriteoNpyConfig, CriteoTsvConfig, SyntheticConfig
 from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator, measure
 from embshard.topology import Topology
 from embshard.train import config as train_config
 
-ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "embshard.stats.cli"]  # the embshard-stats console script, installed or not
 ZIPF = [(0.8, 1_000), (1.1, 10_000), (1.3, 100_000)]  # (exponent, rows)
 LOOKUPS = 1_000_000
@@ -186,7 +186,7 @@ def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "access statistics per table" in done.stdout and "samples/s" in done.stdout
     specs, topology = load_tables_file(out)
-    source, _ = load_tables_file(ROOT / "configs" / "tables" / "criteo_small.yaml")
+    source, _ = load_tables_file(Path(CONFIG_DIR) / "tables" / "criteo_small.yaml")
     assert [(s.name, s.num_embeddings, s.embedding_dim) for s in specs] == [(s.name, s.num_embeddings, s.embedding_dim) for s in source]
     assert all(s.pooling_factor == 1.0 for s in specs)  # criteo_small: one id per bag
     big = next(s for s in specs if s.num_embeddings == 100_000)  # sketched (more rows than exact_max_rows)
@@ -194,7 +194,7 @@ def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
     assert "sketch (D=" in done.stdout and "exact" in done.stdout
 
     user_dir = out.parent.parent
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         plan_cfg = compose("plan", overrides=[f"hydra.searchpath=[file://{user_dir}]", "tables=criteo_measured",
                                               "topology=cpu", "planner=quick", f"out={tmp_path / 'plan.json'}"])
         train_config.register()
@@ -211,7 +211,7 @@ def test_cli_refuses_bad_hot_rows_in_one_line(tmp_path) -> None:
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / "bad.yaml").write_text(
         "# @package _global_\ntables:\n  - {name: t0, num_embeddings: 10, embedding_dim: 4, hot_rows: [[0.5, 0.9], [0.2, 0.95]]}\n")
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):  # embshard-plan: the same check
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # embshard-plan: the same check
         plan_cfg = compose("plan", overrides=[f"hydra.searchpath=[file://{tmp_path}]", "tables=bad", "topology=cpu"])
     with pytest.raises(ValueError, match=r"\(t0\)\.hot_rows\[1\]: fraction_of_rows 0.2 does not increase"):
         plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "bad", Console(file=io.StringIO()))
