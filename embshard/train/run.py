@@ -12,14 +12,16 @@ from embshard.train import distributed
 from embshard.train.config import TrainSettings
 from embshard.train.checkpoint import CheckpointError
 from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
+from embshard.train.lost_ranks import Peers
 
 
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:
     # The runtime's header gather uses all_gather_into_tensor, which torch 2.13 flags as deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
-    ctx = None
+    ctx = peers = None
     try:
         ctx = distributed.start(settings.topology, settings.launcher.collective_timeout_s, with_group=not settings.unsharded)
+        peers = Peers.open(ctx) if ctx.world_size > 1 else None
         console = (Console() if Console().is_terminal else Console(width=160)) if ctx.is_main else None
         from embshard.train.trainer import Trainer
 
@@ -43,7 +45,10 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
         if not lost_group(e):
             raise
         rank = ctx.rank if ctx is not None else "?"
-        fail(f"rank {rank}: {LOST_GROUP} ({str(e).splitlines()[0][:200]})", code=1)
+        lost = f"; {peers.report()}" if peers is not None else ""
+        fail(f"rank {rank}: {LOST_GROUP}{lost} ({str(e).splitlines()[0][:200]})", code=1)
     finally:
+        if peers is not None:
+            peers.close()
         if ctx is not None:
             distributed.stop(ctx)

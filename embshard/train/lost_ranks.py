@@ -1,0 +1,97 @@
+"""Which ranks are gone when the process group breaks, and on which hosts.
+
+A collective's error names at best one peer, often a survivor that exited first. So each
+rank listens on a TCP port of its host's address (the one that routes to MASTER_ADDR) from
+the start, the ranks swap these endpoints once, and a rank that loses the group connects to
+every peer's, SETTLE_S after the failure (ranks killed together take a moment to die): a
+killed rank's port refuses at once, a host that went down does not answer within
+PROBE_TIMEOUT_S. The prober keeps its own port open until LINGER_S after the failure, so
+that ranks probing at about the same time count it as alive. Host h holds ranks h*L..h*L+L-1 (L ranks per
+host), as torchrun numbers them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from embshard.train.distributed import RankContext, all_gather
+
+SETTLE_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+LINGER_S = 3.0
+
+
+def _host_address() -> tuple[socket.AddressFamily, str]:
+    """This host's address towards MASTER_ADDR (no packet is sent: a UDP connect only picks the route)."""
+    family, _, _, _, target = socket.getaddrinfo(os.environ.get("MASTER_ADDR", "127.0.0.1"), 1, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(target)
+        return family, s.getsockname()[0]
+
+
+def _serve(listener: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.close()
+
+
+def _answers(endpoint: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(endpoint, timeout=PROBE_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Peers:
+    rank: int
+    local_world_size: int
+    endpoints: tuple[tuple[str, int], ...]  # (address, port) of every rank's listener
+    listener: socket.socket
+
+    @classmethod
+    def open(cls, ctx: RankContext) -> "Peers":
+        """Listen, and swap endpoints with every rank (a collective: every rank calls it at the same point)."""
+        family, address = _host_address()
+        listener = socket.create_server((address, 0), family=family, backlog=128)
+        threading.Thread(target=_serve, args=(listener,), daemon=True).start()
+        endpoints = all_gather(ctx, (address, listener.getsockname()[1]))
+        return cls(ctx.rank, ctx.local_world_size, tuple(map(tuple, endpoints)), listener)
+
+    def gone(self) -> list[int]:
+        """The ranks whose listener does not answer now."""
+        others = [r for r in range(len(self.endpoints)) if r != self.rank]
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(others)))) as pool:
+            answered = list(pool.map(lambda r: _answers(self.endpoints[r]), others))
+        return [r for r, ok in zip(others, answered) if not ok]
+
+    def report(self) -> str:
+        """'no answer from host 1 (10.213.0.2): ranks 2, 3 (all of its ranks)', after settling, probing, lingering."""
+        started = time.monotonic()
+        time.sleep(SETTLE_S)
+        gone = self.gone()
+        L = self.local_world_size
+        parts = []
+        for host in sorted({r // L for r in gone}):
+            ranks = [r for r in gone if r // L == host]
+            whole = " (all of its ranks)" if len(ranks) == min(L, len(self.endpoints) - host * L) else ""
+            parts.append(f"host {host} ({self.endpoints[ranks[0]][0]}): rank{'s' * (len(ranks) > 1)} "
+                         f"{', '.join(map(str, ranks))}{whole}")
+        time.sleep(max(0.0, LINGER_S - (time.monotonic() - started)))
+        return "no answer from " + "; ".join(parts) if parts else "every rank still answers (a network failure?)"
+
+    def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone may not)
+        except OSError:
+            pass
+        self.listener.close()
