@@ -293,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.log_dir is not None:
             ns.log_dir.mkdir(parents=True, exist_ok=True)
+        warnings.simplefilter("ignore", RuntimeWarning)  # the shaping applied is printed below
         exits, links, shaping = run_torchrun(ns.hosts, ns.ranks_per_host, args, ns.timeout_s, ns.rate_gbit,
                                              ns.delay_ms, ns.log_dir)
     except (ValueError, EmulationUnavailable, OSError) as e:
