@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     args = ns.torchrun_args[1:] if ns.torchrun_args[:1] == ["--"] else ns.torchrun_args
     if not args:
-        parser.error("nothing to run: add -- -m MODULE ARGS (e.g. -- -m embshard.train steps=20)")
+        parser.exit(2, f"{parser.prog}: error: nothing to run: add -- -m MODULE ARGS (e.g. -- -m embshard.train steps=20)\n")
     try:
         if ns.log_dir is not None:
             ns.log_dir.mkdir(parents=True, exist_ok=True)

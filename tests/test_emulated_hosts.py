@@ -124,4 +124,6 @@ def test_cli_says_why_it_cannot_run(tmp_path) -> None:
         "python -m embshard.emulated_hosts: error: `ip netns add embshard-%s-0-sw` failed: mkdir /run/netns failed: "
         "Permission denied" % re.search(r"embshard-(\d+)-", refused.stderr).group(1)], refused.stderr
     nothing = subprocess.run(cli, env=ENV, capture_output=True, text=True, timeout=60)
-    assert nothing.returncode == 2 and "nothing to run: add -- -m MODULE ARGS" in nothing.stderr
+    assert nothing.returncode == 2 and nothing.stderr.splitlines() == [
+        "python -m embshard.emulated_hosts: error: nothing to run: add -- -m MODULE ARGS (e.g. -- -m embshard.train "
+        "steps=20)"]
