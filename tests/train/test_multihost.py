@@ -1,6 +1,6 @@
 """embshard-train across 2 emulated hosts x 2 ranks (network namespaces, shaped veth links).
 
-One fixed plan (every sharding type; row_wise and table_row_wise tables span both hosts) is
+One fixed plan (a table on each sharding type; the row_wise one spans both hosts) is
 trained three ways at once: M = 2 hosts x 2 ranks under torchrun, S = 1 host x 4 local ranks
 (the reference), and K = 2 hosts x 2 ranks whose host 1 is killed after its first step. M
 must give S's losses step by step; K's host 0 must exit within the collective timeout naming
