@@ -55,21 +55,27 @@ def _answers(endpoint: tuple[str, int]) -> bool:
 class Peers:
     rank: int
     local_world_size: int
-    endpoints: tuple[tuple[str, int], ...]  # (address, port) of every rank's listener
-    listener: socket.socket
+    endpoints: tuple[tuple[str, int] | None, ...]  # (address, port) of every rank's listener; None: it has none
+    listener: socket.socket | None
 
     @classmethod
     def open(cls, ctx: RankContext) -> "Peers":
-        """Listen, and swap endpoints with every rank (a collective: every rank calls it at the same point)."""
-        family, address = _host_address()
-        listener = socket.create_server((address, 0), family=family, backlog=128)
-        threading.Thread(target=_serve, args=(listener,), daemon=True).start()
-        endpoints = all_gather(ctx, (address, listener.getsockname()[1]))
-        return cls(ctx.rank, ctx.local_world_size, tuple(map(tuple, endpoints)), listener)
+        """Listen, and swap endpoints with every rank (a collective: every rank calls it at the same point).
+        A rank that cannot listen (no route to MASTER_ADDR, no port) still joins the swap, without an endpoint."""
+        try:
+            family, address = _host_address()
+            listener = socket.create_server((address, 0), family=family, backlog=128)
+        except OSError:
+            listener, endpoint = None, None
+        else:
+            threading.Thread(target=_serve, args=(listener,), daemon=True).start()
+            endpoint = (address, listener.getsockname()[1])
+        endpoints = all_gather(ctx, endpoint)
+        return cls(ctx.rank, ctx.local_world_size, tuple(e if e is None else tuple(e) for e in endpoints), listener)
 
     def gone(self) -> list[int]:
         """The ranks whose listener does not answer now."""
-        others = [r for r in range(len(self.endpoints)) if r != self.rank]
+        others = [r for r, e in enumerate(self.endpoints) if r != self.rank and e is not None]
         with ThreadPoolExecutor(max_workers=min(32, max(1, len(others)))) as pool:
             answered = list(pool.map(lambda r: _answers(self.endpoints[r]), others))
         return [r for r, ok in zip(others, answered) if not ok]
@@ -90,6 +96,8 @@ class Peers:
         return "no answer from " + "; ".join(parts) if parts else "every rank still answers (a network failure?)"
 
     def close(self) -> None:
+        if self.listener is None:
+            return
         try:
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone may not)
         except OSError:

@@ -17,8 +17,8 @@ def test_report_names_the_silent_host_and_ranks(monkeypatch) -> None:
     monkeypatch.setattr(lost_ranks, "SETTLE_S", 0.0)
     monkeypatch.setattr(lost_ranks, "LINGER_S", 0.0)
     alive = [listener() for _ in range(3)]  # ranks 0 (this one), 1, 4
-    dead = [listener() for _ in range(3)]  # ranks 2, 3 (host 1), 5 (host 2)
-    ports = [s.getsockname() for s in (alive[0], alive[1], dead[0], dead[1], alive[2], dead[2])]
+    dead = [listener() for _ in range(3)]  # ranks 2, 3 (host 1), 5 (host 2); rank 6 could not listen
+    ports = [s.getsockname() for s in (alive[0], alive[1], dead[0], dead[1], alive[2], dead[2])] + [None]
     for s in dead:
         s.close()
     peers = Peers(rank=0, local_world_size=2, endpoints=tuple(ports), listener=alive[0])
