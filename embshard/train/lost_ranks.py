@@ -5,9 +5,11 @@ rank listens on a TCP port of its host's address (the one that routes to MASTER_
 the start, the ranks swap these endpoints once, and a rank that loses the group connects to
 every peer's, SETTLE_S after the failure (ranks killed together take a moment to die): a
 killed rank's port refuses at once, a host that went down does not answer within
-PROBE_TIMEOUT_S. The prober keeps its own port open until LINGER_S after the failure, so
-that ranks probing at about the same time count it as alive. Host h holds ranks h*L..h*L+L-1 (L ranks per
-host), as torchrun numbers them.
+PROBE_TIMEOUT_S. A rank that saw the failure itself is a survivor even if it has exited
+since: it first leaves a witness key in the job's rendezvous store (MASTER_ADDR:MASTER_PORT;
+where that store is gone with its host, the probe alone decides, and the prober keeps its
+port open until LINGER_S after the failure so that ranks probing about then see it). Host h
+holds ranks h*L..h*L+L-1 (L ranks per host), as torchrun numbers them.
 """
 
 from __future__ import annotations
@@ -18,12 +20,33 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from embshard.train.distributed import RankContext, all_gather
 
 SETTLE_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 LINGER_S = 3.0
+WITNESS_KEY = "embshard/lost_ranks/witness/{}"
+STORE_ERRORS = (RuntimeError, OSError, ValueError, KeyError)  # no store, or it went away (DistError is a RuntimeError)
+
+
+def _rendezvous_store() -> dist.Store | None:
+    """A client of the job's rendezvous store (torchrun's or rank 0's TCPStore), or None if it does not answer."""
+    try:
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timedelta(seconds=PROBE_TIMEOUT_S))
+    except STORE_ERRORS:
+        return None
+
+
+def _witnessed(store: dist.Store | None, rank: int) -> bool:
+    try:
+        return store is not None and store.check([WITNESS_KEY.format(rank)])
+    except STORE_ERRORS:
+        return False
 
 
 def _host_address() -> tuple[socket.AddressFamily, str]:
@@ -81,10 +104,17 @@ class Peers:
         return [r for r, ok in zip(others, answered) if not ok]
 
     def report(self) -> str:
-        """'no answer from host 1 (10.213.0.2): ranks 2, 3 (all of its ranks)', after settling, probing, lingering."""
+        """'no answer from host 1 (10.213.0.2): ranks 2, 3 (all of its ranks)': the ranks that neither answer
+        nor left a witness key (after leaving this rank's, settling, probing; returns after lingering)."""
         started = time.monotonic()
+        store = _rendezvous_store()
+        try:
+            if store is not None:
+                store.set(WITNESS_KEY.format(self.rank), "1")
+        except STORE_ERRORS:
+            store = None
         time.sleep(SETTLE_S)
-        gone = self.gone()
+        gone = [r for r in self.gone() if not _witnessed(store, r)]
         L = self.local_world_size
         parts = []
         for host in sorted({r // L for r in gone}):
