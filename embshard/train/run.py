@@ -12,6 +12,7 @@ from embshard.train import distributed, report
 from embshard.train.config import TrainSettings
 from embshard.train.checkpoint import CheckpointError
 from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
+from embshard.train.lost_ranks import Peers
 
 
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:
@@ -20,10 +21,11 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
     # torchmetrics 1.0's gather of uneven shards (the eval set's last batches) indexes in a way torch 2.13 flags.
     warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
                             category=UserWarning, module="torchmetrics")
-    ctx = None
+    ctx = peers = None
     failure = None  # (message, exit status, whether it is the loss of a peer)
     try:
         ctx = distributed.start(settings.topology, settings.launcher.collective_timeout_s, with_group=not settings.unsharded)
+        peers = Peers.open(ctx) if ctx.world_size > 1 else None
         console = (Console() if Console().is_terminal else Console(width=160)) if ctx.is_main else None
         from embshard.train.trainer import Trainer
 
@@ -43,8 +45,11 @@ def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None
     except (dist.DistError, RuntimeError) as e:
         if not lost_group(e):
             raise
-        failure = (f"{report.rank_prefix(ctx)}{LOST_GROUP} ({str(e).splitlines()[0][:200]})", 1, True)
+        lost = f"; {peers.report()}" if peers is not None else ""  # which hosts and ranks stopped answering
+        failure = (f"{report.rank_prefix(ctx)}{LOST_GROUP}{lost} ({str(e).splitlines()[0][:200]})", 1, True)
     finally:
+        if peers is not None:
+            peers.close()
         if failure is None and ctx is not None:
             distributed.stop(ctx)
     if failure is not None:
