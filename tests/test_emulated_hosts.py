@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ def hosts3():
 
 
 def test_three_hosts_meet_at_a_bridge_through_shaped_links(hosts3, tmp_path) -> None:
-    h0, h2 = hosts3.hosts[0], hosts3.hosts[2]
+    h2 = hosts3.hosts[2]
     assert [h.address for h in hosts3.hosts] == ["10.213.0.1", "10.213.0.2", "10.213.0.3"]
     assert all(ns in namespaces() for ns in (hosts3.switch, *(h.namespace for h in hosts3.hosts)))
     size_bytes = 5 * 2**20  # 0.21 s at 0.2 Gbit/s
@@ -91,7 +90,7 @@ def test_everything_is_removed_on_error_sigterm_and_after_a_crash(tmp_path) -> N
         pytest.skip(f"emulated hosts unavailable (needs root and iproute2's ip/tc): {e}")
     assert not created & namespaces() and sleeper.poll() is not None
     # SIGTERM to the process holding the hosts; a namespace left by a SIGKILLed holder goes with the next run.
-    holder = f"""
+    holder = """
 import sys, time
 from embshard.emulated_hosts import EmulatedHosts
 with EmulatedHosts(2, delay_ms=0) as c:

@@ -34,7 +34,7 @@ LAYOUT = {"cat_0": "row_wise", "cat_1": "table_row_wise", "cat_2": "column_wise"
 
 def args(config_dir: Path, out: Path, *extra: str) -> list[str]:
     return [f"--config-dir={config_dir}", "tables=criteo26", *MODEL, *FAST_PLANNER, "topology.batch_size_per_rank=16",
-            "log_every_steps=1", "eval.every_steps=0", "eval.num_batches=1", f"out_dir={out}", *extra]
+            "log_every_steps=1", "eval.every_steps=0", "eval.num_samples=64", f"out_dir={out}", *extra]
 
 
 def fixed_plan(config_dir: Path, path: Path) -> Path:
