@@ -18,7 +18,7 @@ from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
-from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
+from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
@@ -170,7 +170,7 @@ def manual_plan(specs: Sequence[TableSpec], topology: Topology,
 def placement_for(spec: TableSpec, topology: Topology, stype: ShardingType, ranks: tuple[int, ...]) -> TablePlacement:
     N, D = spec.num_embeddings, spec.embedding_dim
     if stype is ShardingType.DATA_PARALLEL:
-        shards = tuple(Shard(r, 0, N, 0, D) for r in range(topology.world_size))
+        shards = Replicas(topology.world_size, N, D)
     elif stype.splits_rows:
         spans = row_splits(N, len(ranks))
         if spans is None:
@@ -195,7 +195,7 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
         cv = unit.cands[ci]
         for table, cand in zip(unit.tables, cv.cand):
             if cv.data_parallel:
-                shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
+                shards = Replicas(problem.topo.world_size, table.num_embeddings, table.embedding_dim)
             else:  # block i on ranks[i], as the search scored it (the runtime routes rows by offset)
                 assert not (problem.rank_ordered_rows and cand.sharding_type.splits_rows) or list(ranks) == sorted(ranks)
                 shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))

@@ -38,10 +38,14 @@ assert [p[0] for p in MEMORY_PARTS] == [f.name for f in fields(Storage)]
 def shards_per_rank(plan: ShardingPlan) -> list[int]:
     """Number of table shards each rank holds (a data-parallel table counts on every rank)."""
     counts = [0] * plan.topology.world_size
+    replicated = 0
     for t in plan.tables:
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            replicated += 1
+            continue
         for s in t.shards:
             counts[s.rank] += 1
-    return counts
+    return [c + replicated for c in counts]
 
 
 def rank_table(plan: ShardingPlan, max_ranks: int = 64) -> Table:
