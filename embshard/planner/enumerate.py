@@ -74,11 +74,14 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
     allowed = set(constraint.sharding_types)
     if not splits:
         allowed &= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE}
-    ranks = constraint.ranks if constraint.ranks is not None else tuple(range(topo.world_size))
-    per_host: dict[int, int] = {}
-    for r in ranks:
-        per_host[topo.host_of(r)] = per_host.get(topo.host_of(r), 0) + 1
-    in_host_limit = max(per_host.values())
+    ranks = constraint.ranks if constraint.ranks is not None else range(topo.world_size)
+    if constraint.ranks is None:  # every host whole
+        in_host_limit = topo.local_world_size
+    else:
+        per_host: dict[int, int] = {}
+        for r in ranks:
+            per_host[topo.host_of(r)] = per_host.get(topo.host_of(r), 0) + 1
+        in_host_limit = max(per_host.values())
     multi_host = topo.num_hosts > 1
     host_types_needed = not (allowed - {ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE})
     specs: list[tuple[ShardingType, int]] = []

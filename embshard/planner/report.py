@@ -103,6 +103,17 @@ def percent(fraction: float) -> str:
     return f"{100 * fraction:.1f}%" if abs(fraction) >= 0.0005 else "0.0%"
 
 
+def _value(v) -> str:
+    """A search-block value for the summary: floats in 3 digits, a dict as 'k v' pairs, a list joined by '; '."""
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, dict):
+        return "(" + ", ".join(f"{k} {_value(x)}" for k, x in v.items()) + ")"
+    if isinstance(v, list):
+        return "(" + "; ".join(map(str, v)) + ")" if v else "none"
+    return str(v)
+
+
 def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
     """A few lines: problem size, objective vs lower bound, memory, sharding types, search."""
     topo = plan.topology
@@ -120,7 +131,7 @@ def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
         "sharding: " + ", ".join(f"{name} {n}" for name, n in sharding_type_counts(plan).items())
         + f" ({sum(len(t.shards) for t in plan.tables)} shards)",
     ]
-    search = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in plan.search.items())
+    search = ", ".join(f"{k}={_value(v)}" for k, v in plan.search.items())
     timing = f"planning {planning_s:.2f} s" if planning_s is not None else ""
     if search or timing:
         lines.append("search: " + "; ".join(x for x in (timing, search) if x))
