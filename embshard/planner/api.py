@@ -34,7 +34,7 @@ from embshard.topology import Topology
 
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
-BOUND_SHARE = 0.3  # of the time left after enumeration, the most the LP bound may take
+BOUND_SHARE = 0.4  # of the time left after enumeration, the most the LP bound may take
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
@@ -140,7 +140,10 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
         if state is None:
             continue
         now = time.perf_counter()
-        state, steps = local_search(state, now + (deadline - now) / (len(starts) - i))
+        ls_deadline = now + (deadline - now) / (len(starts) - i)
+        if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it
+            ls_deadline = clock.search_deadline
+        state, steps = local_search(state, ls_deadline)
         clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:

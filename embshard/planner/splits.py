@@ -15,8 +15,8 @@ def row_splits(num_rows: int, num_shards: int) -> list[tuple[int, int]] | None:
     block = -(-num_rows // num_shards)
     if (num_shards - 1) * block >= num_rows:  # the last shard would be empty
         return None
-    spans = [(i * block, min(block, num_rows - i * block)) for i in range(num_shards)]
-    return spans if all(n > 0 for _, n in spans) else None
+    last = (num_shards - 1) * block
+    return [(i * block, block) for i in range(num_shards - 1)] + [(last, num_rows - last)]
 
 
 def col_splits(dim: int, num_shards: int) -> list[tuple[int, int]] | None:

@@ -80,13 +80,21 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
     kernel_index: kernel group -> int, or None when kernel calls cost nothing."""
     assert all(c.num_shards == cands[0].num_shards and c.sharding_type is cands[0].sharding_type for c in cands)
     # equal blocks share one ShardCost object: flatten each distinct one once
-    columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
-    distinct = {tuple(map(id, parts)): parts for parts in columns}
+    if len(cands) == 1:  # a table alone: its ShardCost objects are the keys
+        columns = [(sc,) for sc in {id(sc): sc for sc in cands[0].shards}.values()]
+        key_of = lambda parts: id(parts[0])  # noqa: E731
+        keys = [id(sc) for sc in cands[0].shards]
+    else:
+        columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
+        key_of = lambda parts: tuple(map(id, parts))  # noqa: E731
+        keys = [key_of(parts) for parts in columns]
     flat = {}
-    for key, parts in distinct.items():
-        vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
-        flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
-    per_shard = [flat[tuple(map(id, parts))] for parts in columns]
+    for parts in columns:
+        key = key_of(parts)
+        if key not in flat:
+            vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
+            flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
+    per_shard = [flat[k] for k in keys]
     vecs = [f[0] for f in per_shard]
     req = [0.0, 0.0, 0.0]
     every_ms, every_mem = 0.0, 0
