@@ -34,7 +34,7 @@ from embshard.topology import Topology
 
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
-BOUND_SHARE = 0.4  # of the time left after enumeration, the most the LP bound may take
+BOUND_SHARE = 0.5  # of the time left after enumeration, the most the LP bound may take
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 

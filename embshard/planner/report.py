@@ -177,7 +177,7 @@ def chart(plan: ShardingPlan) -> "Figure":
     for name, _, label in PHASES:
         values = [getattr(r.perf, name) for r in plan.ranks]
         if any(values):
-            load_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
+            _stacked(load_ax, values, bottom, width, label)
             bottom = [b + v for b, v in zip(bottom, values)]
     load_ax.axhline(plan.lower_bound_ms, color="black", linestyle="--", linewidth=1, label=f"lower bound {plan.lower_bound_ms:.3f} ms")
     load_ax.set_ylabel("predicted ms per step")
@@ -192,7 +192,7 @@ def chart(plan: ShardingPlan) -> "Figure":
     for name, label in MEMORY_PARTS:
         values = [getattr(r.storage, name) / scale for r in plan.ranks]
         if any(values):
-            mem_ax.bar(ranks, values, width, bottom=bottom, label=label, linewidth=0)
+            _stacked(mem_ax, values, bottom, width, label)
             bottom = [b + v for b, v in zip(bottom, values)]
     cap = cap_bytes / scale
     cap_in_view = max(used) * CAP_IN_VIEW >= cap_bytes
@@ -214,6 +214,21 @@ def chart(plan: ShardingPlan) -> "Figure":
     mem_ax.xaxis.set_major_locator(FixedLocator(rank_ticks(W)))
     mem_ax.set_xlim(-0.5 - 0.1 * width, W - 0.5 + 0.1 * width)
     return fig
+
+
+FILLED_FROM = 128  # from this many ranks the touching bars are drawn as one filled step outline per layer (~50x faster)
+
+
+def _stacked(ax, values: list[float], bottom: list[float], width: float, label: str) -> None:
+    """One layer of the per-rank stack: bars at ranks 0..W-1 on `bottom`."""
+    W = len(values)
+    if W < FILLED_FROM:
+        ax.bar(range(W), values, width, bottom=bottom, label=label, linewidth=0)
+        return
+    edges = [r - 0.5 for r in range(W + 1)]  # width 1: the bars touch, so a step outline draws the same
+    low = bottom + bottom[-1:]
+    high = [b + v for b, v in zip(bottom, values)]
+    ax.fill_between(edges, low, high + high[-1:], step="post", label=label, linewidth=0)
 
 
 def save_chart(plan: ShardingPlan, path: str | Path) -> None:

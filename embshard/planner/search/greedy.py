@@ -11,6 +11,7 @@ once a table alone would stick out above the average, splitting it wins.
 from __future__ import annotations
 
 import time
+from operator import add
 
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
@@ -44,7 +45,7 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
         pick = _assign(state, cv, order, ranks)
         if pick is None:
             continue
-        val = max(costs[r] + cv.shard_cost[i] for i, r in enumerate(pick))
+        val = max(map(add, map(costs.__getitem__, pick), cv.shard_cost))
         if val < best_val:
             best, best_val = pick, val
         fitted += 1
@@ -73,7 +74,12 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
         return None
     room = state.problem.cap_bytes - state.UM - cv.every_mem
     mem = state.mem
-    out = [-1] * cv.num_shards
+    k = cv.num_shards
+    out = [-1] * k
+    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room:  # the k cheapest have room for any shard
+        for i, r in zip(order, ranks):
+            out[i] = r
+        order = ()
     pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:
         need = cv.shard_mem[i]
@@ -135,7 +141,7 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
                                     > W * problem.cap_bytes):
                     continue
                 shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
-                touched = max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0)
+                touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)
                 work = cv.work_ms + W * shift
                 score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
                 key = (score, work)

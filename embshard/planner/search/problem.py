@@ -16,6 +16,7 @@ folded into E and U is zero; c and the fixed costs are 0 in the datasheet model.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -150,11 +151,16 @@ class Problem:
 
 
 SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a rank's average load or memory
+FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the average load or memory
 
 
-def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, inference: bool) -> tuple[set[str], set[str]]:
-    """Tables big enough (in predicted time or bytes, whole) for splitting to matter, and the
-    subset too big in bytes to be left whole."""
+def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints,
+                  inference: bool) -> tuple[set[str], set[str], dict[str, int]]:
+    """Tables big enough (in predicted time or bytes, whole) for splitting to matter, the
+    subset too big in bytes to be left whole, and per table the most row blocks worth offering:
+    twice the count whose blocks take FINEST_BLOCK of the average rank load or of a rank's memory
+    (finer blocks cannot balance anything; without it 1,024 ranks offer 1,024-way splits of
+    every big table, most of the candidates' shards)."""
     whole = {}
     for s in specs:
         if ShardingType.TABLE_WISE in constraints.for_table(s.name).sharding_types:
@@ -163,7 +169,11 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
     limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
     must = {s.name for s in specs if s.name not in whole or whole[s.name][1] > limit_bytes}
-    return {s.name for s in specs if s.name in must or whole[s.name][0] > SPLIT_SHARE * avg_ms}, must
+    worthy = {s.name for s in specs if s.name in must or whole[s.name][0] > SPLIT_SHARE * avg_ms}
+    cap = topo.shard_memory_cap_bytes
+    row_limit = {n: 2 * math.ceil(max(ms / max(FINEST_BLOCK * avg_ms, 1e-300), b / (FINEST_BLOCK * cap)))
+                 for n, (ms, b) in whole.items() if n in worthy}
+    return worthy, must, row_limit
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
@@ -173,7 +183,9 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     Past `deadline`, tables still to enumerate are offered splits only if too big to keep
     whole (``Problem.unsplit_for_time`` counts the others)."""
     by_name = {s.name: s for s in specs}
-    worthy, must_split = _split_worthy(specs, topo, constraints, inference)
+    worthy, must_split, row_limit = _split_worthy(specs, topo, constraints, inference)
+    if torchrec_compatible:  # row_wise only over all ranks
+        row_limit = {}
     unsplit_for_time = 0
     grouped = {n for g in constraints.keep_together for n in g}
     members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
@@ -195,7 +207,8 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
             if splits and tables[0].name not in must_split and time.perf_counter() > deadline:
                 splits, unsplit_for_time = False, unsplit_for_time + 1
             cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
-                tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference))
+                tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
+                row_limit.get(tables[0].name)))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
