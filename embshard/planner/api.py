@@ -131,7 +131,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
             clock.skip(f"{name} start (out of time)")
             continue
         try:
-            state = greedy(problem, order, replicate, clock.search_deadline)
+            state = greedy(problem, order, replicate, clock.greedy_deadline)
         except Unplaceable as e:
             failure = e
             state = None

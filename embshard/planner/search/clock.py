@@ -3,7 +3,8 @@
 `plan()` ends within ``time_budget_s`` plus `margin_s` (MARGIN_S + MARGIN_SHARE of the
 budget: the greedy pass and the report that run past the deadline): the search stages run against
 `search_deadline`, which keeps back time for the report (costing the plan, about
-REPORT_SHARE of the enumeration time, since both walk every candidate shard once), and a
+REPORT_SHARE of the enumeration time, since both walk every candidate shard once), a greedy
+pass switches to one-shard layouts at `greedy_deadline` (RUSH_SHARE earlier), and a
 stage that would not finish in the time left is skipped and named in the plan's ``search``
 block (``skipped``), next to the seconds each stage took (``stages_s``).
 """
@@ -14,7 +15,8 @@ import time
 
 MARGIN_S = 0.5  # plan() may end this much (plus MARGIN_SHARE of the budget) after time_budget_s
 MARGIN_SHARE = 0.1
-REPORT_SHARE = 0.25  # the report's time as a share of the enumeration time (measured: 0.1 to 0.15)
+REPORT_SHARE = 0.25  # the report's time as a share of the enumeration time (measured: 0.1 to 0.5)
+RUSH_SHARE = 0.6  # a greedy pass of one-shard layouts only, as a share of the enumeration time (measured: 0.3 to 0.65)
 
 
 class Clock:
@@ -45,6 +47,11 @@ class Clock:
     @property
     def search_deadline(self) -> float:
         return self.end - self.report_s
+
+    @property
+    def greedy_deadline(self) -> float:
+        """When a greedy pass must switch to one-shard layouts to end by the search deadline."""
+        return self.search_deadline - RUSH_SHARE * self.report_s / REPORT_SHARE
 
     def left_s(self) -> float:
         return self.search_deadline - time.perf_counter()
