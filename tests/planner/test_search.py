@@ -269,3 +269,19 @@ def test_time_budget_is_honoured_on_a_large_input():
     assert set(p.search["stages_s"]) >= {"enumerate", "bound", "greedy", "report"}
     assert len(p.tables) == 3000 and p.lower_bound_ms <= p.max_rank_ms
     assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
+
+
+def test_row_splits_stop_at_blocks_too_small_to_balance():
+    """On 1,024 ranks a big table is not offered 1,024-way row splits whose blocks take a sliver
+    of a rank's load: candidate shards stay in the 100 thousands (over 500 thousand unpruned)."""
+    specs = generate_tables(1000, seed=0, sequence_fraction=0.1)
+    topo = Topology(world_size=1024, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
+    problem = build_problem(specs, topo, Constraints())
+    assert sum(cv.num_shards for u in problem.units for cv in u.cands) < 200_000
+    def row_counts(p):
+        return [{cv.num_shards for cv in u.cands if cv.cand[0].sharding_type is ShardingType.ROW_WISE} for u in p.units]
+
+    split = [c for c in row_counts(problem) if c]
+    assert split and sum(1024 in c for c in split) < len(split) / 3  # all-rank splits only for tables that big
+    compatible = [c for c in row_counts(build_problem(specs, topo, Constraints(), torchrec_compatible=True)) if c]
+    assert compatible and all(c == {1024} for c in compatible)  # TorchRec's row_wise: all ranks, never pruned
