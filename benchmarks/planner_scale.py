@@ -185,20 +185,24 @@ def main(argv: list[str] | None = None) -> None:
         base = tmp / "base"
         git("worktree", "add", "--detach", str(base), args.base)
         try:
-            config_dir = tmp / "configs"
+            config_dir, before_dir = tmp / "configs", tmp / "configs_before"
             (config_dir / "tables").mkdir(parents=True)
+            (before_dir / "tables").mkdir(parents=True)
             for n, w in sizes:
                 name = f"scale_{n}"
-                path = config_dir / "tables" / f"{name}.yaml"
-                if not path.exists():
-                    path.write_text(tables_yaml(generate_tables(n, seed=0, sequence_fraction=SEQUENCE_FRACTION),
-                                                f"python -m embshard.workloads --num-tables {n} --seed 0 --sequence-fraction {SEQUENCE_FRACTION}"))
+                tables = generate_tables(n, seed=0, sequence_fraction=SEQUENCE_FRACTION)
+                command = f"python -m embshard.workloads --num-tables {n} --seed 0 --sequence-fraction {SEQUENCE_FRACTION}"
+                # each side reads the file its own generator writes: mappings before, text from 1,000 tables after
+                for side_dir, as_text in ((before_dir, False), (config_dir, None)):
+                    path = side_dir / "tables" / f"{name}.yaml"
+                    if not path.exists():
+                        path.write_text(tables_yaml(tables, command, as_text))
                 row = {"tables": n, "ranks": w}
-                for side, checkout in (("before", base), ("after", REPO)):
+                for side, checkout, tables_dir in (("before", base, before_dir), ("after", REPO, config_dir)):
                     out_dir = tmp / f"{side}_{n}x{w}"
                     out_dir.mkdir()
                     print(f"{n} tables x {w} ranks, {side} ...", end=" ", flush=True)
-                    row[side] = run_case(checkout, config_dir, name, w, out_dir, args.budget_s)
+                    row[side] = run_case(checkout, tables_dir, name, w, out_dir, args.budget_s)
                     x = row[side]
                     print(f"process {x['process_wall_s']:.1f} s wall, {x['process_cpu_s']:.1f} s CPU, {x['peak_rss_mib']:.0f} MiB"
                           + (f", objective {x['objective_ms']:.4f} ms, gap {100 * x['gap']:.1f}%, plan {x['plan_mib']:.1f} MiB"
