@@ -6,7 +6,9 @@
 
 A Hydra app over embshard/configs/plan.yaml (groups tables/, topology/, planner/). It prints the
 predicted load of every rank and a summary, writes the plan to `out` (JSON) and a chart of
-per-rank load and memory beside it (`.png`). Bad input ends with exit status 2 and one
+per-rank load and memory beside it (`.png`). ``--multirun`` sweeps overrides (what-if runs,
+e.g. ``topology.world_size=256,512,1024 topology.hbm_gib=16,32``): one line per run and a
+table of them (embshard.plan_sweep). Bad input ends with exit status 2 and one
 line on stderr, ``embshard-plan: error: ...``.
 """
 
@@ -20,11 +22,12 @@ from typing import Any, Mapping
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from embshard import planner
+from embshard import plan_sweep, planner
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.extras import MissingExtra, require
 from embshard.planner.report import rank_table, save_chart, summary
@@ -38,8 +41,11 @@ PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
 PROG = "embshard-plan"
 
 
-def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
-    """Plan the composed config, print the report, write the JSON and the chart."""
+def run(cfg: Mapping[str, Any], tables_option: str, console: Console, sweep_job: tuple[Path, int, list[str]] | None = None) -> None:
+    """Plan the composed config, print the report, write the JSON and the chart.
+
+    sweep_job (--multirun): (sweep dir, job number, overrides): the plan goes to the job's
+    folder and the run is one summary line and a row of the sweep table (embshard.plan_sweep)."""
     where = f"tables_file={cfg['tables_file']}" if cfg.get("tables_file") else f"tables={tables_option} ({tables_option}.yaml)"
     if isinstance(cfg.get("tables"), Mapping):
         raise ValueError(f"{where}: the file's blocks landed under 'tables'; make '# @package _global_' its first line")
@@ -66,6 +72,9 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
     if out.suffix != ".json":
         raise ValueError(f"out: must be a path ending in .json (the chart goes beside it as .png), got {str(out)!r}")
     chart = out.with_suffix(".png")
+    if sweep_job is not None:
+        _sweep_run(specs, topology, constraints, options, out.name, sweep_job, console)
+        return
 
     ilp = f"ilp up to {options['ilp_time_s']:g} s more" if options["use_ilp"] else "ilp off"
     console.print(f"planning {len(specs)} tables on {topology.world_size} ranks "
@@ -87,6 +96,22 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console) -> None:
             measure_report(result, steps, console)
         except RuntimeError as e:
             raise ValueError(f"measure: {e}") from None
+
+
+def _sweep_run(specs, topology: Topology, constraints: Constraints, options: dict[str, Any], out_name: str,
+               sweep_job: tuple[Path, int, list[str]], console: Console) -> None:
+    sweep_dir, job, overrides = sweep_job
+    t0 = time.perf_counter()
+    try:
+        result = planner.plan(specs, topology, constraints, **options)
+    except planner.PlanInfeasibleError as e:
+        row = plan_sweep.infeasible_row(job, overrides, topology.world_size, topology.hbm_gib, str(e))
+    else:
+        out = sweep_dir / str(job) / out_name
+        result.save(out)
+        row = plan_sweep.plan_row(job, overrides, result, time.perf_counter() - t0, out)
+    table = plan_sweep.add_row(sweep_dir, row)
+    console.print(f"{plan_sweep.summary_line(row)} (table: {table})", markup=False, highlight=False, soft_wrap=True)
 
 
 def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
@@ -117,7 +142,11 @@ def hydra_main(cfg: DictConfig) -> None:
         console = Console(width=160)
     try:
         raw = OmegaConf.to_container(cfg, resolve=True)
-        run(raw, HydraConfig.get().runtime.choices.get("tables", "?"), console)
+        hc = HydraConfig.get()
+        sweep_job = None
+        if hc.mode == RunMode.MULTIRUN:
+            sweep_job = (Path(hc.sweep.dir), hc.job.num, list(hc.overrides.task))
+        run(raw, hc.runtime.choices.get("tables", "?"), console, sweep_job)
     except (ValueError, OmegaConfBaseException, MissingExtra) as e:
         fail(PROG, str(e))
 

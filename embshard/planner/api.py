@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
-from embshard.planner.plan import RankReport, ShardingPlan, TablePlacement, input_hash, validate_placements
-from embshard.planner.search.bound import lower_bound_ms
+from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
+from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
+from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
 from embshard.planner.search.local import local_search, rank_order_rows
@@ -32,6 +34,8 @@ from embshard.topology import Topology
 
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
+BOUND_SHARE = 0.5  # of the time left after enumeration, the most the LP bound may take
+ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
@@ -39,8 +43,12 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
          torchrec_compatible: bool = False, inference: bool = False) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
-    Greedy starts and a target-packing bisection, each polished by local search, run within
-    `time_budget_s`; then, for problems small enough and plans more than 1% above the LP
+    Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
+    local search) and the report end within `time_budget_s` plus a margin (0.5 s + 10% of it:
+    `embshard.planner.search.clock`): stages that would not fit are skipped and named
+    in the plan's ``search`` block (``skipped``, with ``stages_s``), the search stops with its
+    best plan so far, and a greedy pass still running at the deadline places the remaining
+    tables with one-shard layouts only. Then, for problems small enough and plans more than 1% above the LP
     bound, an exact MILP runs for up to `ilp_time_s` more, which may improve the plan and
     tighten the bound (off by default: on the shipped workloads it costs seconds and has not
     beaten the heuristics). torchrec_compatible restricts layouts to those TorchRec's runtime
@@ -48,69 +56,102 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     with embshard.interop.torchrec. inference plans for serving: forward-only time (input
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. The
-    search is deterministic: the same inputs give the same plan.
+    search is deterministic when it ends before the budget: the same inputs give the same plan.
     """
-    t0 = time.perf_counter()
+    clock = Clock(time_budget_s)
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
-    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference)
+    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s)
+    if problem.unsplit_for_time:
+        clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
     check_memory(problem)
-    bound = lower_bound_ms(problem)
-    deadline = t0 + time_budget_s
+    clock.reserve_report(clock.lap("enumerate"))
+    if clock.left_s() > 0:
+        bound, exact = lower_bound_ms(problem, max(BOUND_SHARE * clock.left_s(), 0.05))
+    else:
+        bound, exact = quick_bound_ms(problem), False
+    if not exact:
+        clock.skip("LP bound (out of time; the quick bound is reported)")
+    clock.lap("bound")
     good_enough = bound * (1 + GOOD_ENOUGH_GAP)
-    state, method = _best_start(problem, t0 + time_budget_s / 2, good_enough)
-    packed = None
-    if max(state.costs()) > good_enough:
-        packed = target_pack(problem, default_order(problem), bound, max(state.costs()), deadline)
+    state, method, greedy_s = _best_start(problem, clock, good_enough)
+    packed, rounds = None, 0
+    if max(state.costs()) > good_enough and clock.left_s() < greedy_s:  # a packing round costs about one greedy pass
+        clock.skip("target packing (out of time)")
+    elif max(state.costs()) > good_enough:
+        packed, rounds = target_pack(problem, default_order(problem), bound, max(state.costs()), clock.search_deadline)
+        clock.lap("target_packing")
+        if packed is None:
+            clock.skip("target packing (out of time before a round finished)")
     if packed is not None:
-        packed, steps = local_search(packed, deadline)
+        packed, steps = local_search(packed, clock.search_deadline)
+        clock.lap("local_search")
         if max(packed.costs()) < max(state.costs()):
-            state, method = packed, f"target packing+local_search({steps} steps)"
+            state, method = packed, f"target packing({rounds} rounds)+local_search({steps} steps)"
     if use_ilp and max(state.costs()) > bound * 1.01:
         improved, ilp_bound, note = improve_with_ilp(problem, state, time.perf_counter() + ilp_time_s)
         if improved is not None:
             state = improved
         bound = max(bound, ilp_bound)
         method += f"+{note}"
-    rank_order_rows(state)
+        clock.lap("ilp")
+    if not rank_order_rows(state, clock.search_deadline):
+        clock.skip("rank_order_rows (out of time; some row blocks are not in rank order)")
+    clock.lap("rank_order_rows")
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
-    search = {"method": method, "wall_s": time.perf_counter() - t0, "time_budget_s": time_budget_s,
-              "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
+    search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
-    return result
+    clock.lap("report")
+    return replace(result, search={**search, **clock.block()})
 
 
-def _best_start(problem: Problem, deadline: float, good_enough: float) -> tuple[RankState, str]:
+def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[RankState, str, float]:
     """Greedy + local search from two starts (plain, and replicate-first); keep the faster plan.
 
-    The second start is skipped when the first is already within GOOD_ENOUGH_GAP of the bound.
+    The starts share half the time left. The second start is skipped when the first is
+    already within GOOD_ENOUGH_GAP of the bound, or when its greedy pass would not fit the
+    time left. Past the deadline a greedy pass finishes with one-shard layouts (named in the
+    method). Returns the plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
-    best, best_obj, method, failure = None, float("inf"), "", None
+    best, best_obj, method, failure, greedy_s = None, float("inf"), "", None, 0.0
     starts = [("greedy", None)]
     replicate = replication_prepass(problem)
     if replicate:
         starts.append(("replicate-first greedy", replicate))
+    deadline = time.perf_counter() + clock.left_s() / 2
     for i, (name, replicate) in enumerate(starts):
         if best_obj <= good_enough:
             break
+        if best is not None and time.perf_counter() + greedy_s > deadline:
+            clock.skip(f"{name} start (out of time)")
+            continue
         try:
-            state = greedy(problem, order, replicate)
+            state = greedy(problem, order, replicate, clock.greedy_deadline)
         except Unplaceable as e:
             failure = e
+            state = None
+        took = clock.lap("greedy")
+        greedy_s = greedy_s or took
+        if state is None:
             continue
         now = time.perf_counter()
-        state, steps = local_search(state, now + (deadline - now) / (len(starts) - i))
+        ls_deadline = now + (deadline - now) / (len(starts) - i)
+        if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it
+            ls_deadline = clock.search_deadline
+        state, steps = local_search(state, ls_deadline)
+        clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:
-            best, best_obj, method = state, obj, f"{name}+local_search({steps} steps)"
+            rushed = f" ({state.rushed} units one-shard only, out of time)" if state.rushed else ""
+            best, best_obj, method = state, obj, f"{name}{rushed}+local_search({steps} steps)"
     if best is None:
         raise PlanInfeasibleError(fragmentation_message(problem, failure.unit_index))
-    return best, method
+    return best, method, greedy_s
 
 
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
@@ -141,7 +182,7 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     if lower_bound is None:
         problem = build_problem(specs, topology, constraints, inference=inference)
         check_memory(problem)
-        lower_bound = lower_bound_ms(problem)
+        lower_bound = lower_bound_ms(problem)[0]
     return ShardingPlan(
         tables=tuple(placements), specs=specs, topology=topology, ranks=ranks, lower_bound_ms=lower_bound,
         input_hash=input_hash(specs, topology, repr(constraints)), search=dict(search or {"method": "evaluated"}),
@@ -170,7 +211,7 @@ def manual_plan(specs: Sequence[TableSpec], topology: Topology,
 def placement_for(spec: TableSpec, topology: Topology, stype: ShardingType, ranks: tuple[int, ...]) -> TablePlacement:
     N, D = spec.num_embeddings, spec.embedding_dim
     if stype is ShardingType.DATA_PARALLEL:
-        shards = tuple(Shard(r, 0, N, 0, D) for r in range(topology.world_size))
+        shards = Replicas(topology.world_size, N, D)
     elif stype.splits_rows:
         spans = row_splits(N, len(ranks))
         if spans is None:
@@ -195,7 +236,7 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
         cv = unit.cands[ci]
         for table, cand in zip(unit.tables, cv.cand):
             if cv.data_parallel:
-                shards = tuple(Shard(r, 0, table.num_embeddings, 0, table.embedding_dim) for r in range(problem.topo.world_size))
+                shards = Replicas(problem.topo.world_size, table.num_embeddings, table.embedding_dim)
             else:  # block i on ranks[i], as the search scored it (the runtime routes rows by offset)
                 assert not (problem.rank_ordered_rows and cand.sharding_type.splits_rows) or list(ranks) == sorted(ranks)
                 shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))

@@ -65,8 +65,10 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
 
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
-                         torchrec_compatible: bool = False, inference: bool = False) -> list[Candidate]:
-    """Candidates the constraint allows; with splits=False only data_parallel and table_wise.
+                         torchrec_compatible: bool = False, inference: bool = False,
+                         max_row_shards: int | None = None) -> list[Candidate]:
+    """Candidates the constraint allows; with splits=False only data_parallel and table_wise;
+    row_wise into at most max_row_shards blocks (None: up to all allowed ranks).
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
     ranks and table_row_wise over a whole host.
@@ -74,11 +76,14 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
     allowed = set(constraint.sharding_types)
     if not splits:
         allowed &= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE}
-    ranks = constraint.ranks if constraint.ranks is not None else tuple(range(topo.world_size))
-    per_host: dict[int, int] = {}
-    for r in ranks:
-        per_host[topo.host_of(r)] = per_host.get(topo.host_of(r), 0) + 1
-    in_host_limit = max(per_host.values())
+    ranks = constraint.ranks if constraint.ranks is not None else range(topo.world_size)
+    if constraint.ranks is None:  # every host whole
+        in_host_limit = topo.local_world_size
+    else:
+        per_host: dict[int, int] = {}
+        for r in ranks:
+            per_host[topo.host_of(r)] = per_host.get(topo.host_of(r), 0) + 1
+        in_host_limit = max(per_host.values())
     multi_host = topo.num_hosts > 1
     host_types_needed = not (allowed - {ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE})
     specs: list[tuple[ShardingType, int]] = []
@@ -91,7 +96,8 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
         elif stype is ShardingType.TABLE_WISE:
             specs.append((stype, 1))
         elif stype is ShardingType.ROW_WISE:
-            specs += [(stype, k) for k in _counts(len(ranks)) if not torchrec_compatible or k == topo.world_size]
+            specs += [(stype, k) for k in _counts(len(ranks)) if (not torchrec_compatible or k == topo.world_size)
+                      and (max_row_shards is None or k <= max_row_shards)]
         elif stype is ShardingType.COLUMN_WISE:
             specs += [(stype, k) for k in _counts(min(len(ranks), spec.embedding_dim // 4))]
         elif multi_host or host_types_needed:

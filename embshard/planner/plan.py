@@ -4,6 +4,11 @@ The plan is the only contract between planner and runtime. It serialises to vers
 JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placements and
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
+
+Schema versions: 2 (written) stores a data-parallel table once, without shards (its ranks
+are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
+memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
+holds three integers, so a plan grows with the shards that exist, not tables x ranks.
 """
 
 from __future__ import annotations
@@ -11,26 +16,79 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from embshard.fsutil import write_text_atomic
 from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Replicas(Sequence[Shard]):
+    """The shards of a data-parallel table: one full num_rows x num_cols block on each of
+    world_size ranks, in rank order, made on demand."""
+
+    world_size: int
+    num_rows: int
+    num_cols: int
+
+    def __len__(self) -> int:
+        return self.world_size
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self.world_size)))
+        if i < 0:
+            i += self.world_size
+        if not 0 <= i < self.world_size:
+            raise IndexError(i)
+        return Shard(i, 0, self.num_rows, 0, self.num_cols)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return (Shard(r, 0, self.num_rows, 0, self.num_cols) for r in range(self.world_size))
+
+    @classmethod
+    def of(cls, shards: Sequence[Shard]) -> "Replicas | None":
+        """The Replicas equal to `shards` (in any rank order), or None if they are not W full copies."""
+        if isinstance(shards, Replicas):
+            return shards
+        if not shards:
+            return None
+        n, d = shards[0].num_rows, shards[0].num_cols
+        if any(s.row_offset or s.col_offset or s.num_rows != n or s.num_cols != d for s in shards) \
+                or sorted(s.rank for s in shards) != list(range(len(shards))):
+            return None
+        return cls(len(shards), n, d)
 
 
 @dataclass(frozen=True)
 class TablePlacement:
+    """A table's layout. A data-parallel table's shards are normalised to `Replicas` (when
+    they are one full copy per rank; anything else is left for validation to reject)."""
+
     name: str
     sharding_type: ShardingType
     compute_kernel: str
-    shards: tuple[Shard, ...]
+    shards: Sequence[Shard]
+
+    def __post_init__(self) -> None:
+        if self.sharding_type is ShardingType.DATA_PARALLEL:
+            replicas = Replicas.of(self.shards)
+            if replicas is not None:
+                object.__setattr__(self, "shards", replicas)
+        elif not isinstance(self.shards, tuple):
+            object.__setattr__(self, "shards", tuple(self.shards))
 
     @property
     def ranks(self) -> tuple[int, ...]:
+        if isinstance(self.shards, Replicas):
+            return tuple(range(self.shards.world_size))
         return tuple(s.rank for s in self.shards)
 
 
@@ -68,16 +126,18 @@ class ShardingPlan:
         return max(totals) / (sum(totals) / len(totals)) if sum(totals) > 0 else 1.0
 
     def placement(self, name: str) -> TablePlacement:
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self._placements[name]
 
     def spec(self, name: str) -> TableSpec:
-        for s in self.specs:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return self._specs[name]
+
+    @cached_property
+    def _placements(self) -> dict[str, TablePlacement]:
+        return {t.name: t for t in self.tables}
+
+    @cached_property
+    def _specs(self) -> dict[str, TableSpec]:
+        return {s.name: s for s in self.specs}
 
     # ---- serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -88,19 +148,7 @@ class ShardingPlan:
             "objective_ms": self.max_rank_ms,
             "lower_bound_ms": self.lower_bound_ms,
             "gap": self.gap,
-            "tables": [
-                {
-                    "name": t.name,
-                    "sharding_type": t.sharding_type.value,
-                    "compute_kernel": t.compute_kernel,
-                    "shards": [
-                        {"rank": s.rank, "row_offset": s.row_offset, "num_rows": s.num_rows,
-                         "col_offset": s.col_offset, "num_cols": s.num_cols}
-                        for s in t.shards
-                    ],
-                }
-                for t in self.tables
-            ],
+            "tables": [_table_dict(t) for t in self.tables],
             "specs": [s.to_dict() for s in self.specs],
             "ranks": [
                 {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict()}
@@ -139,23 +187,16 @@ class ShardingPlan:
         if not isinstance(raw, Mapping):
             raise ValueError(f"{where}: expected a JSON object")
         version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"{where}.schema_version: this embshard reads version {SCHEMA_VERSION}, file has {version!r}; re-run embshard-plan")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"{where}.schema_version: this embshard reads versions {list(READABLE_VERSIONS)}, file has {version!r}; re-run embshard-plan")
         for key in ("input_hash", "topology", "tables", "specs", "ranks", "lower_bound_ms"):
             if key not in raw:
                 raise ValueError(f"{where}.{key}: missing; the file is not an embshard plan or is truncated")
         topology = Topology.from_dict(raw["topology"], f"{where}.topology")
         specs = tables_from_list(raw["specs"], f"{where}.specs")
+        by_name = {s.name: s for s in specs}
         try:
-            tables = tuple(
-                TablePlacement(
-                    name=t["name"],
-                    sharding_type=ShardingType.parse(t["sharding_type"], f"{where}.tables[{i}].sharding_type"),
-                    compute_kernel=t["compute_kernel"],
-                    shards=tuple(Shard(**{k: int(s[k]) for k in ("rank", "row_offset", "num_rows", "col_offset", "num_cols")}) for s in t["shards"]),
-                )
-                for i, t in enumerate(raw["tables"])
-            )
+            tables = tuple(_table_from_dict(t, version, by_name, topology, f"{where}.tables[{i}]") for i, t in enumerate(raw["tables"]))
             ranks = tuple(
                 RankReport(int(r["rank"]), Perf.from_dict(r["perf_ms"]), Storage.from_dict(r["memory_bytes"]))
                 for r in raw["ranks"]
@@ -165,6 +206,31 @@ class ShardingPlan:
         plan = cls(tables, specs, topology, ranks, float(raw["lower_bound_ms"]), str(raw["input_hash"]), raw.get("search", {}))
         validate_placements(plan.tables, plan.specs, plan.topology, where)
         return plan
+
+
+SHARD_KEYS = ("rank", "row_offset", "num_rows", "col_offset", "num_cols")
+
+
+def _table_dict(t: TablePlacement) -> dict[str, Any]:
+    out = {"name": t.name, "sharding_type": t.sharding_type.value, "compute_kernel": t.compute_kernel}
+    if not isinstance(t.shards, Replicas):  # a data-parallel table is on every rank: no shards listed
+        out["shards"] = [{k: getattr(s, k) for k in SHARD_KEYS} for s in t.shards]
+    return out
+
+
+def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, TableSpec], topology: Topology,
+                     where: str) -> TablePlacement:
+    stype = ShardingType.parse(t["sharding_type"], f"{where}.sharding_type")
+    if version >= 2 and stype is ShardingType.DATA_PARALLEL:
+        if "shards" in t:
+            raise ValueError(f"{where}.shards: a data_parallel table lists no shards in schema version {version} (it is on every rank)")
+        spec = specs.get(t["name"])
+        if spec is None:  # left for validate_placements to report with the other names
+            return TablePlacement(t["name"], stype, t["compute_kernel"], ())
+        shards: Sequence[Shard] = Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim)
+    else:
+        shards = tuple(Shard(**{k: int(s[k]) for k in SHARD_KEYS}) for s in t["shards"])
+    return TablePlacement(t["name"], stype, t["compute_kernel"], shards)
 
 
 def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableSpec], topology: Topology, where: str = "plan") -> None:
@@ -179,6 +245,10 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
         spec = by_name[t.name]
         if t.compute_kernel != COMPUTE_KERNEL[t.sharding_type]:
             raise ValueError(f"{w}.compute_kernel: {t.sharding_type.value} uses {COMPUTE_KERNEL[t.sharding_type]!r}, got {t.compute_kernel!r}")
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            if t.shards != Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim):
+                raise ValueError(f"{w}.shards: a data_parallel table lists one full shard on every rank")
+            continue
         if not t.shards:
             raise ValueError(f"{w}.shards: empty")
         for j, s in enumerate(t.shards):
@@ -188,11 +258,6 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
                     or s.row_offset + s.num_rows > spec.num_embeddings or s.col_offset + s.num_cols > spec.embedding_dim:
                 raise ValueError(f"{w}.shards[{j}]: block rows [{s.row_offset}, +{s.num_rows}) cols [{s.col_offset}, +{s.num_cols}) "
                                  f"is outside the {spec.num_embeddings}x{spec.embedding_dim} table")
-        if t.sharding_type is ShardingType.DATA_PARALLEL:
-            full = all(s.num_rows == spec.num_embeddings and s.num_cols == spec.embedding_dim for s in t.shards)
-            if not full or sorted(t.ranks) != list(range(topology.world_size)):
-                raise ValueError(f"{w}.shards: a data_parallel table lists one full shard on every rank")
-            continue
         if len(set(t.ranks)) != len(t.ranks):
             raise ValueError(f"{w}.shards: two shards of one table on the same rank {sorted(t.ranks)}")
         if t.sharding_type.within_one_host and len({topology.host_of(r) for r in t.ranks}) != 1:

@@ -13,8 +13,10 @@ COL_ALIGN = 4
 def row_splits(num_rows: int, num_shards: int) -> list[tuple[int, int]] | None:
     """(row_offset, num_rows) per shard, or None when the split would leave a shard empty."""
     block = -(-num_rows // num_shards)
-    spans = [(i * block, min(block, num_rows - i * block)) for i in range(num_shards)]
-    return spans if all(n > 0 for _, n in spans) else None
+    if (num_shards - 1) * block >= num_rows:  # the last shard would be empty
+        return None
+    last = (num_shards - 1) * block
+    return [(i * block, block) for i in range(num_shards - 1)] + [(last, num_rows - last)]
 
 
 def col_splits(dim: int, num_shards: int) -> list[tuple[int, int]] | None:

@@ -1,10 +1,13 @@
 """ShardingPlan JSON: round trip, versioning, and rejection of damaged files."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from embshard.planner import ShardingPlan, plan
+from embshard.planner import ShardingPlan, manual_plan, plan
+from embshard.planner.plan import Replicas
+from embshard.planner.types import Shard
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 from embshard.workloads import generate_tables
@@ -26,10 +29,15 @@ def test_round_trip_is_identical(a_plan, tmp_path):
 
 def test_json_has_the_documented_fields(a_plan):
     raw = json.loads(a_plan.to_json())
-    assert raw["schema_version"] == 1 and raw["input_hash"].startswith("sha256:")
-    t = raw["tables"][0]
-    assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
-    assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
+    assert raw["schema_version"] == 2 and raw["input_hash"].startswith("sha256:")
+    kinds = {t["sharding_type"] for t in raw["tables"]}
+    assert "data_parallel" in kinds and len(kinds) > 1
+    for t in raw["tables"]:
+        if t["sharding_type"] == "data_parallel":  # stored once: its ranks are all ranks
+            assert set(t) == {"name", "sharding_type", "compute_kernel"}
+        else:
+            assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
+            assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
     assert set(raw["ranks"][0]) == {"rank", "perf_ms", "memory_bytes"}
     assert raw["lower_bound_ms"] <= raw["objective_ms"]
     assert raw["topology"]["world_size"] == 8
@@ -42,19 +50,64 @@ def test_hash_depends_on_inputs():
     assert p1.input_hash != p2.input_hash
 
 
+V1_FILE = Path(__file__).parent / "data" / "plan_v1.json"  # written by embshard at 73e7d45 (schema version 1)
+
+
+def test_version_1_file_loads_to_the_same_plan_as_version_2():
+    v1 = ShardingPlan.load(V1_FILE)
+    raw_v1 = json.loads(V1_FILE.read_text())
+    assert raw_v1["schema_version"] == 1
+    v2_text = v1.to_json()
+    assert json.loads(v2_text)["schema_version"] == 2
+    v2 = ShardingPlan.from_json(v2_text)
+    assert v2 == v1 and v2.input_hash == v1.input_hash == raw_v1["input_hash"]
+    assert v2.max_rank_ms == raw_v1["objective_ms"]
+    dp = [t for t in raw_v1["tables"] if t["sharding_type"] == "data_parallel"]
+    assert dp and all(len(t["shards"]) == 4 for t in dp)
+    for t in dp:  # the v1 per-rank copies are exactly what a v2 data-parallel table stands for
+        listed = sorted((Shard(**s) for s in t["shards"]), key=lambda s: s.rank)
+        assert list(v2.placement(t["name"]).shards) == listed and v2.placement(t["name"]).ranks == (0, 1, 2, 3)
+    others = {t["name"]: t["shards"] for t in raw_v1["tables"] if t["sharding_type"] != "data_parallel"}
+    assert {t["name"]: t["shards"] for t in json.loads(v2_text)["tables"] if "shards" in t} == others
+
+
+def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
+    specs = [TableSpec(f"t{i}", 1000, 16) for i in range(20)]
+    sizes = {}
+    for W in (8, 512):
+        p = manual_plan(specs, Topology(world_size=W, local_world_size=8, hbm_gib=16),
+                        {s.name: ("data_parallel", ()) for s in specs})
+        assert isinstance(p.tables[0].shards, Replicas) and len(p.tables[0].shards) == W
+        assert ShardingPlan.from_json(p.to_json()) == p
+        sizes[W] = len(json.dumps(json.loads(p.to_json())["tables"]))
+    assert sizes[512] == sizes[8] < 2000
+
+
+def _first(kind_is_dp: bool):
+    return lambda d: next(t for t in d["tables"] if (t["sharding_type"] == "data_parallel") == kind_is_dp)
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda d: d.update(schema_version=99), "schema_version"),
     (lambda d: d.pop("tables"), "plan.tables: missing"),
-    (lambda d: d["tables"][0]["shards"][0].update(rank=999), "is not a rank"),
+    (lambda d: _first(False)(d)["shards"][0].update(rank=999), "is not a rank"),
     (lambda d: d["tables"][0].update(sharding_type="diagonal"), "unknown sharding type 'diagonal'"),
-    (lambda d: d["tables"][0]["shards"][0].update(num_rows=10**12), "outside the"),
+    (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
+    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 2"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())
     damage(raw)
     with pytest.raises(ValueError, match=message):
         ShardingPlan.from_json(json.dumps(raw))
+
+
+def test_damaged_version_1_data_parallel_table_is_rejected():
+    raw = json.loads(V1_FILE.read_text())
+    _first(True)(raw)["shards"].pop()
+    with pytest.raises(ValueError, match="a data_parallel table lists one full shard on every rank"):
+        ShardingPlan.from_dict(raw)
 
 
 def test_not_json_is_rejected(tmp_path):

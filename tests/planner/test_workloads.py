@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from embshard.cli import CONFIG_DIR
-from embshard.specs import load_tables_file
+from embshard.specs import load_tables_file, tables_from_list
 from embshard.workloads import generate_tables, tables_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +64,31 @@ def test_yaml_round_trips(tmp_path):
     path.write_text(tables_yaml(tables, "test"))
     loaded, topology = load_tables_file(path)
     assert loaded == tables and topology is None
+
+
+def test_large_sets_are_one_text_block_that_round_trips(tmp_path):
+    """From 1,000 tables the file holds one string (a header, a line per table): Hydra composes
+    5,000 tables in well under a second instead of about 10 s for 5,000 mappings."""
+    tables = generate_tables(1000, seed=3, sequence_fraction=0.2)
+    text = tables_yaml(tables, "test")
+    assert text.splitlines()[2:4] == ["tables: |", "  name num_embeddings embedding_dim pooling_factor pooled dtype optimizer"]
+    assert len(text.splitlines()) == 4 + 1000
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    loaded, _ = load_tables_file(path)
+    assert loaded == tables
+
+
+@pytest.mark.parametrize("text, message", [
+    ("num_embeddings name\nt 10", "the first line must name the columns, 'name' first"),
+    ("name num_embeddings embedding_dim\na 10", "table line 1 has 2 values for the 3 columns"),
+    ("name num_embeddings embedding_dim\na ten 8", r"tables\[0\] \(a\).num_embeddings: must be a positive integer, got 'ten'"),
+    ("name num_embeddings embedding_dim pooled\na 10 8 maybe", r"tables\[0\] \(a\).pooled: must be true"),
+    ("# only a comment", "the table text is empty"),
+])
+def test_bad_table_text_is_rejected(text, message):
+    with pytest.raises(ValueError, match=message):
+        tables_from_list(text)
 
 
 @pytest.mark.parametrize("num_tables", [150, 856])

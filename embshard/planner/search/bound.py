@@ -8,7 +8,9 @@ all-to-all phase p, z is the bound. Any feasible plan satisfies:
 - z >= the largest shard of u's candidate plus its every-rank time and base_ms, for every u;
 - sum of all candidates' bytes <= W * per-rank cap, and the data-parallel replicas
   (held by every rank) <= one rank's cap.
-Candidates whose largest shard cannot fit any rank are excluded. Solved with HiGHS.
+Candidates whose largest shard cannot fit any rank are excluded. Solved with HiGHS within a
+time limit; when it runs out, `quick_bound_ms` (each unit's cheapest candidate per term,
+no memory rows: a relaxation of the same LP, so also a valid bound) is used instead.
 """
 
 from __future__ import annotations
@@ -17,16 +19,34 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from embshard.planner.search.problem import Problem
+from embshard.planner.search.problem import CandVec, Problem
 
 
-def lower_bound_ms(problem: Problem) -> float:
+def _columns(problem: Problem) -> list[tuple[int, CandVec]]:
+    """(unit, candidate) for every candidate whose largest shard fits a rank."""
+    cap = problem.free_bytes
+    return [(ui, cv) for ui, unit in enumerate(problem.units) for cv in unit.cands
+            if max(cv.shard_mem, default=0) + cv.every_mem <= cap]
+
+
+def quick_bound_ms(problem: Problem) -> float:
+    """The LP's average-rank and largest-shard rows with each term at its unit's cheapest candidate."""
+    W = problem.topo.world_size
+    best: dict[int, list[float]] = {}  # unit -> least (compute/W + every, req_0..2, holder_0..2 / W, largest shard + every)
+    for ui, cv in _columns(problem):
+        h = cv.holder_sums
+        terms = [h[3] / W + cv.every_ms, *cv.req_vec, *(x / W for x in h[:3]), max(cv.shard_cost, default=0.0) + cv.every_ms]
+        old = best.get(ui)
+        best[ui] = terms if old is None else [min(a, b) for a, b in zip(old, terms)]
+    sums = [sum(col) for col in zip(*best.values())]
+    average = sums[0] + sum(max(sums[1 + p], sums[4 + p]) for p in range(3))
+    return problem.base_ms + max(average, max(t[7] for t in best.values()))
+
+
+def lower_bound_ms(problem: Problem, time_limit_s: float = float("inf")) -> tuple[float, bool]:
+    """The LP bound, and True; or the quick bound and False when HiGHS runs past time_limit_s."""
     W, cap = problem.topo.world_size, problem.free_bytes
-    cols = []  # (unit, candvec) per y column
-    for ui, unit in enumerate(problem.units):
-        for cv in unit.cands:
-            if max(cv.shard_mem, default=0) + cv.every_mem <= cap:
-                cols.append((ui, cv))
+    cols = _columns(problem)
     n_y = len(cols)
     M0, Z = n_y, n_y + 3  # column indexes of m_0..m_2 and z
     rows, cidx, vals, b_ub = [], [], [], []
@@ -40,7 +60,7 @@ def lower_bound_ms(problem: Problem) -> float:
 
     # average rank: sum_p m_p + sum y * (compute/W + every) - z <= 0
     for j, (_, cv) in enumerate(cols):
-        add(row, j, sum(v[3] for v in cv.shard_vec) / W + cv.every_ms)
+        add(row, j, cv.holder_sums[3] / W + cv.every_ms)
     for p in range(3):
         add(row, M0 + p, 1.0)
     add(row, Z, -1.0)
@@ -50,7 +70,7 @@ def lower_bound_ms(problem: Problem) -> float:
     for p in range(3):
         for j, (_, cv) in enumerate(cols):
             add(row, j, cv.req_vec[p])
-            add(row + 1, j, sum(v[p] for v in cv.shard_vec) / W)
+            add(row + 1, j, cv.holder_sums[p] / W)
         add(row, M0 + p, -1.0)
         add(row + 1, M0 + p, -1.0)
         b_ub += [0.0, 0.0]
@@ -82,6 +102,9 @@ def lower_bound_ms(problem: Problem) -> float:
     c = np.zeros(n)
     c[Z] = 1.0
     res = linprog(c, A_ub=A_ub, b_ub=np.array(b_ub), A_eq=A_eq, b_eq=np.ones(len(problem.units)),
-                  bounds=[(0, 1)] * n_y + [(0, None)] * 4, method="highs")
+                  bounds=[(0, 1)] * n_y + [(0, None)] * 4, method="highs",
+                  options={"time_limit": time_limit_s} if time_limit_s < float("inf") else None)
+    if res.status == 1:  # time limit
+        return quick_bound_ms(problem), False
     assert res.status == 0, f"lower-bound LP failed: {res.message}"
-    return float(res.fun)
+    return float(res.fun), True

@@ -10,6 +10,9 @@ once a table alone would stick out above the average, splitting it wins.
 
 from __future__ import annotations
 
+import time
+from operator import add
+
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
@@ -31,28 +34,37 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
         return None
     if cv.data_parallel:
         return ()
-    order = sorted(range(cv.num_shards), key=lambda i: -cv.shard_cost[i])
+    order = cv.largest_first
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
-    L = state.problem.topo.local_world_size
-    hosts: dict[int, list[int]] = {}
-    for r in by_cost:
-        hosts.setdefault(r // L, []).append(r)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete
     k = cv.num_shards
-    ranked = sorted((ranks for ranks in hosts.values() if len(ranks) >= k), key=lambda rs: costs[rs[k - 1]])
+    ranked = sorted((ranks for ranks in _hosts(state, by_cost) if len(ranks) >= k), key=lambda rs: costs[rs[k - 1]])
     best, best_val, fitted = None, float("inf"), 0
     for ranks in ranked:
         pick = _assign(state, cv, order, ranks)
         if pick is None:
             continue
-        val = max(costs[r] + cv.shard_cost[i] for i, r in enumerate(pick))
+        val = max(map(add, map(costs.__getitem__, pick), cv.shard_cost))
         if val < best_val:
             best, best_val = pick, val
         fitted += 1
         if fitted == HOSTS_TRIED:
             break
     return best
+
+
+def _hosts(state: RankState, by_cost: list[int]) -> list[list[int]]:
+    """by_cost split by host (each host's ranks cheapest first), remembered for the same list."""
+    cached = state.hosts_of
+    if cached is not None and cached[0] is by_cost:
+        return cached[1]
+    L = state.problem.topo.local_world_size
+    hosts: dict[int, list[int]] = {}
+    for r in by_cost:
+        hosts.setdefault(r // L, []).append(r)
+    state.hosts_of = (by_cost, list(hosts.values()))
+    return state.hosts_of[1]
 
 
 def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -> tuple[int, ...] | None:
@@ -62,7 +74,12 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
         return None
     room = state.problem.cap_bytes - state.UM - cv.every_mem
     mem = state.mem
-    out = [-1] * cv.num_shards
+    k = cv.num_shards
+    out = [-1] * k
+    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room:  # the k cheapest have room for any shard
+        for i, r in zip(order, ranks):
+            out[i] = r
+        order = ()
     pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:
         need = cv.shard_mem[i]
@@ -86,10 +103,13 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
     return tuple(out)
 
 
-def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None) -> RankState:
+def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,
+           deadline: float = float("inf")) -> RankState:
     """Place units in the given order; raises Unplaceable with the first unit that fits nowhere.
 
     replicate: units to make data-parallel first (unit -> its data-parallel candidate).
+    Past `deadline` each remaining unit compares only its one-shard candidates (table-wise,
+    data-parallel; all when none fits), which are cheap to place; ``state.rushed`` counts those units.
     """
     state = RankState(problem)
     for ui, ci in (replicate or {}).items():
@@ -110,19 +130,26 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)
+        rushed = time.perf_counter() > deadline
         best = None
-        for ci, cv in enumerate(unit.cands):
-            pick = place(state, unit, cv, by_cost, costs)
-            if pick is None or (cv.every_mem and W * (state.UM + cv.every_mem) + sum(state.mem) + remaining_mem
-                                > W * problem.cap_bytes):
-                continue
-            shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
-            touched = max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0)
-            work = cv.work_ms + W * shift
-            score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
-            key = (score, work)
-            if best is None or key < best[0]:
-                best = (key, ci, pick, work)
+        for only_one_shard in ((True, False) if rushed else (False,)):
+            for ci, cv in enumerate(unit.cands):
+                if only_one_shard and cv.num_shards > 1:
+                    continue
+                pick = place(state, unit, cv, by_cost, costs)
+                if pick is None or (cv.every_mem and W * (state.UM + cv.every_mem) + sum(state.mem) + remaining_mem
+                                    > W * problem.cap_bytes):
+                    continue
+                shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
+                touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)
+                work = cv.work_ms + W * shift
+                score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
+                key = (score, work)
+                if best is None or key < best[0]:
+                    best = (key, ci, pick, work)
+            if best is not None:
+                break
+        state.rushed += rushed
         if best is None:
             raise Unplaceable(ui)
         _, ci, pick, work = best

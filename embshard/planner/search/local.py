@@ -191,12 +191,15 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
     return state, steps
 
 
-def rank_order_rows(state: RankState) -> int:
+def rank_order_rows(state: RankState, deadline: float = float("inf")) -> bool:
     """Put each row-split table's blocks on its ranks in rank order where that lifts no rank
     above the current maximum and fits (TorchRec runs only that layout; the blocks differ only
-    in the last one, so it is usually free). Returns the tables reordered; `state` is modified."""
-    units, changed = state.problem.units, 0
+    in the last one, so it is usually free). `state` is modified; False if the deadline
+    stopped it before every table was tried."""
+    units = state.problem.units
     for ui, choice in enumerate(state.choice):
+        if time.perf_counter() > deadline:
+            return False
         ci, ranks = choice
         cv = units[ui].cands[ci]
         if not cv.cand[0].sharding_type.splits_rows or list(ranks) == sorted(ranks):
@@ -207,8 +210,7 @@ def rank_order_rows(state: RankState) -> int:
         if all(state.fits(r, cv.shard_mem[i]) for i, r in enumerate(ordered)):
             state.add(ui, ci, ordered)
             if max(state.costs()) <= cmax + EPS:
-                changed += 1
                 continue
             state.remove(ui)
         state.add(ui, ci, ranks)
-    return changed
+    return True

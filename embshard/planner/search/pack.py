@@ -15,10 +15,13 @@ from embshard.planner.search.greedy import place
 from embshard.planner.search.problem import Problem, RankState
 
 
-def _pack(problem: Problem, order: list[int], target: float) -> RankState | None:
+def _pack(problem: Problem, order: list[int], target: float, deadline: float = float("inf")) -> RankState | None:
+    """One packing under `target`; None if a unit fits nowhere or the deadline passes first."""
     state = RankState(problem)
     W = problem.topo.world_size
     for ui in order:
+        if time.perf_counter() > deadline:
+            return None
         unit = problem.units[ui]
         costs = state.costs()
         cur_max = max(costs)
@@ -45,15 +48,20 @@ def _pack(problem: Problem, order: list[int], target: float) -> RankState | None
     return state
 
 
-def target_pack(problem: Problem, order: list[int], lower: float, upper: float, deadline: float, rounds: int = 8) -> RankState | None:
-    """Best packing found by bisecting the target between lower and upper."""
-    best, best_obj = None, float("inf")
+def target_pack(problem: Problem, order: list[int], lower: float, upper: float, deadline: float,
+                rounds: int = 8) -> tuple[RankState | None, int]:
+    """Best packing found by bisecting the target between lower and upper, and the rounds
+    finished (a round the deadline cuts short counts as none)."""
+    best, best_obj, done = None, float("inf"), 0
     lo, hi = lower, upper
     for _ in range(rounds):
         if time.perf_counter() > deadline or hi - lo <= 1e-3 * hi:
             break
         mid = (lo + hi) / 2
-        state = _pack(problem, order, mid)
+        state = _pack(problem, order, mid, deadline)
+        if state is None and time.perf_counter() > deadline:
+            break
+        done += 1
         obj = max(state.costs()) if state is not None else float("inf")
         if obj < best_obj:
             best, best_obj = state, obj
@@ -61,4 +69,4 @@ def target_pack(problem: Problem, order: list[int], lower: float, upper: float, 
             hi = obj
         else:
             lo = mid
-    return best
+    return best, done

@@ -16,8 +16,13 @@ folded into E and U is zero; c and the fixed costs are 0 in the datasheet model.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
-from typing import Callable
+from functools import cached_property
+from typing import Callable, Iterable
+
+import numpy as np
 
 from embshard.planner.cost.perf import fixed_perf, kernel_call_ms, kernel_group, num_collections
 from embshard.planner.cost.storage import requester_storage
@@ -49,6 +54,16 @@ class CandVec:
     def num_shards(self) -> int:
         return len(self.shard_vec)
 
+    @cached_property
+    def holder_sums(self) -> tuple[float, float, float, float]:
+        """The shard vectors summed over the candidate's shards."""
+        return tuple(sum(v[p] for v in self.shard_vec) for p in range(4))
+
+    @cached_property
+    def largest_first(self) -> list[int]:
+        """Shard indexes, the costliest first (a stable sort)."""
+        return sorted(range(len(self.shard_cost)), key=lambda i: -self.shard_cost[i])
+
     @property
     def label(self) -> str:
         return self.cand[0].label
@@ -66,13 +81,21 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
     kernel_index: kernel group -> int, or None when kernel calls cost nothing."""
     assert all(c.num_shards == cands[0].num_shards and c.sharding_type is cands[0].sharding_type for c in cands)
     # equal blocks share one ShardCost object: flatten each distinct one once
-    columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
-    distinct = {tuple(map(id, parts)): parts for parts in columns}
+    if len(cands) == 1:  # a table alone: its ShardCost objects are the keys
+        columns = [(sc,) for sc in {id(sc): sc for sc in cands[0].shards}.values()]
+        key_of = lambda parts: id(parts[0])  # noqa: E731
+        keys = [id(sc) for sc in cands[0].shards]
+    else:
+        columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
+        key_of = lambda parts: tuple(map(id, parts))  # noqa: E731
+        keys = [key_of(parts) for parts in columns]
     flat = {}
-    for key, parts in distinct.items():
-        vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
-        flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
-    per_shard = [flat[tuple(map(id, parts))] for parts in columns]
+    for parts in columns:
+        key = key_of(parts)
+        if key not in flat:
+            vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
+            flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
+    per_shard = [flat[k] for k in keys]
     vecs = [f[0] for f in per_shard]
     req = [0.0, 0.0, 0.0]
     every_ms, every_mem = 0.0, 0
@@ -119,6 +142,7 @@ class Problem:
     call_ms: float = 0.0  # fixed cost of each lookup kernel a rank runs
     inference: bool = False  # forward-only costs and storage (serving)
     rank_ordered_rows: bool = False  # row blocks go to their ranks in rank order (TorchRec's layout: torchrec_compatible)
+    unsplit_for_time: int = 0  # tables offered no splits because enumeration ran past its deadline
 
     @property
     def free_bytes(self) -> int:
@@ -127,10 +151,16 @@ class Problem:
 
 
 SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a rank's average load or memory
+FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the average load or memory
 
 
-def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, inference: bool) -> set[str]:
-    """Tables big enough (in predicted time or bytes, whole) for splitting to matter."""
+def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints,
+                  inference: bool) -> tuple[set[str], set[str], dict[str, int]]:
+    """Tables big enough (in predicted time or bytes, whole) for splitting to matter, the
+    subset too big in bytes to be left whole, and per table the most row blocks worth offering:
+    twice the count whose blocks take FINEST_BLOCK of the average rank load or of a rank's memory
+    (finer blocks cannot balance anything; without it 1,024 ranks offer 1,024-way splits of
+    every big table, most of the candidates' shards)."""
     whole = {}
     for s in specs:
         if ShardingType.TABLE_WISE in constraints.for_table(s.name).sharding_types:
@@ -138,14 +168,25 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
             whole[s.name] = (c.shards[0].perf.total_ms, c.shards[0].storage.total_bytes)
     avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
     limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
-    return {s.name for s in specs if s.name not in whole or whole[s.name][0] > SPLIT_SHARE * avg_ms or whole[s.name][1] > limit_bytes}
+    must = {s.name for s in specs if s.name not in whole or whole[s.name][1] > limit_bytes}
+    worthy = {s.name for s in specs if s.name in must or whole[s.name][0] > SPLIT_SHARE * avg_ms}
+    cap = topo.shard_memory_cap_bytes
+    row_limit = {n: 2 * math.ceil(max(ms / max(FINEST_BLOCK * avg_ms, 1e-300), b / (FINEST_BLOCK * cap)))
+                 for n, (ms, b) in whole.items() if n in worthy}
+    return worthy, must, row_limit
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
-                  inference: bool = False) -> Problem:
-    """inference: forward-only costs and storage (serving; see embshard.planner.enumerate)."""
+                  inference: bool = False, deadline: float = float("inf")) -> Problem:
+    """inference: forward-only costs and storage (serving; see embshard.planner.enumerate).
+
+    Past `deadline`, tables still to enumerate are offered splits only if too big to keep
+    whole (``Problem.unsplit_for_time`` counts the others)."""
     by_name = {s.name: s for s in specs}
-    worthy = _split_worthy(specs, topo, constraints, inference)
+    worthy, must_split, row_limit = _split_worthy(specs, topo, constraints, inference)
+    if torchrec_compatible:  # row_wise only over all ranks
+        row_limit = {}
+    unsplit_for_time = 0
     grouped = {n for g in constraints.keep_together for n in g}
     members = [tuple(by_name[n] for n in g) for g in constraints.keep_together] + [(s,) for s in specs if s.name not in grouped]
     units = []
@@ -162,8 +203,12 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
         if not ranks:
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
+            splits = tables[0].name in worthy
+            if splits and tables[0].name not in must_split and time.perf_counter() > deadline:
+                splits, unsplit_for_time = False, unsplit_for_time + 1
             cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
-                tables[0], topo, constraints.for_table(tables[0].name), tables[0].name in worthy, torchrec_compatible, inference))
+                tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
+                row_limit.get(tables[0].name)))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
@@ -177,7 +222,8 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     base_mem = sum(requester_storage(s, topo, inference).total_bytes for s in specs)
     fixed = fixed_perf(topo, num_collections(specs), 0)
     base_ms = (forward_only(fixed) if inference else fixed).total_ms
-    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms, inference, torchrec_compatible)
+    return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms, inference, torchrec_compatible,
+                   unsplit_for_time)
 
 
 class RankState:
@@ -191,19 +237,25 @@ class RankState:
         self.U = [0.0, 0.0, 0.0]
         self.E = problem.base_ms
         self.UM = problem.base_mem
+        self.Hn = np.zeros((W, 4))  # H as an array, for the all-rank costs (kept equal to H)
         self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
         self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
         # lookup kernels (only tracked when they cost): shards per kernel on each rank, and
         # data-parallel units per kernel every rank runs; K of a rank = len(kernels[r]) + len(every_kernels)
         self.call_ms = problem.call_ms
         self.kernels: list[dict[int, int]] = [dict() for _ in range(W)]
+        self.num_kernels = np.zeros(W)  # len(kernels[r]) per rank
         self.every_kernels: dict[int, int] = {}
+        self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
+        self.rushed = 0  # units greedy placed past its deadline (one-shard candidates only)
 
     def copy(self) -> "RankState":
         """An independent copy sharing the (immutable) problem."""
         new = RankState.__new__(RankState)
         new.problem = self.problem
         new.H = [list(h) for h in self.H]
+        new.Hn = self.Hn.copy()
+        new.num_kernels = self.num_kernels.copy()
         new.mem = list(self.mem)
         new.U = list(self.U)
         new.E, new.UM = self.E, self.UM
@@ -212,6 +264,8 @@ class RankState:
         new.call_ms = self.call_ms
         new.kernels = [dict(k) for k in self.kernels]
         new.every_kernels = dict(self.every_kernels)
+        new.hosts_of = None
+        new.rushed = self.rushed
         return new
 
     def calls_ms(self, r: int) -> float:
@@ -243,18 +297,31 @@ class RankState:
         return c + self.calls_ms(r) + delta
 
     def costs(self) -> list[float]:
-        return [self.cost(r) for r in range(len(self.H))]
+        """Every rank's cost(r), computed over all ranks at once (the same float operations)."""
+        h, u = self.Hn, self.U
+        c = np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3] + self.E
+        if self.call_ms:
+            c = c + self.call_ms * (self.num_kernels + len(self.every_kernels))
+        return c.tolist()
 
-    def cheapest_first(self, ranks, costs: list[float]) -> list[int]:
+    def cheapest_first(self, ranks: Iterable[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
-        by the work they hold, so hidden holder load stays balanced too."""
-        return sorted(ranks, key=lambda r: (costs[r], sum(self.H[r])))
+        by the work they hold, so hidden holder load stays balanced too (a stable sort)."""
+        h = self.Hn
+        work = h[:, 0] + h[:, 1] + h[:, 2] + h[:, 3]
+        c = np.asarray(costs)
+        idx = np.asarray(ranks if isinstance(ranks, (list, tuple)) else list(ranks), dtype=np.int64)
+        if len(idx) != len(c):
+            work, c = work[idx], c[idx]
+        return idx[np.lexsort((work, c))].tolist()
 
     def fits(self, r: int, extra_bytes: int) -> bool:
         return self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
+        if ranks:
+            self.Hn[list(ranks)] += sign * np.asarray(cv.shard_vec)
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
             for p in range(4):
@@ -265,7 +332,7 @@ class RankState:
             else:
                 del self.held[r][ui]
             if cv.shard_kernels:
-                _count(self.kernels[r], cv.shard_kernels[i], sign)
+                self.num_kernels[r] += _count(self.kernels[r], cv.shard_kernels[i], sign)
         for p in range(3):
             self.U[p] += sign * cv.req_vec[p]
         self.E += sign * cv.every_ms
@@ -286,11 +353,13 @@ class RankState:
         for p in range(4):
             self.H[src][p] -= v[p]
             self.H[dst][p] += v[p]
+        self.Hn[src] -= v
+        self.Hn[dst] += v
         self.mem[src] -= m
         self.mem[dst] += m
         if cv.shard_kernels:
-            _count(self.kernels[src], cv.shard_kernels[shard], -1)
-            _count(self.kernels[dst], cv.shard_kernels[shard], 1)
+            self.num_kernels[src] += _count(self.kernels[src], cv.shard_kernels[shard], -1)
+            self.num_kernels[dst] += _count(self.kernels[dst], cv.shard_kernels[shard], 1)
         del self.held[src][ui]
         self.held[dst][ui] = shard
         new_ranks = list(ranks)
@@ -298,10 +367,13 @@ class RankState:
         self.choice[ui] = (ci, tuple(new_ranks))
 
 
-def _count(counts: dict[int, int], keys: tuple[int, ...], sign: int) -> None:
+def _count(counts: dict[int, int], keys: tuple[int, ...], sign: int) -> int:
+    """Add sign to each key's count (dropping zeros); returns the change in distinct keys."""
+    before = len(counts)
     for g in keys:
         n = counts.get(g, 0) + sign
         if n:
             counts[g] = n
         else:
             del counts[g]
+    return len(counts) - before

@@ -1,0 +1,65 @@
+"""The planner's time budget: a deadline for the whole `plan()`, and a record of its stages.
+
+`plan()` ends within ``time_budget_s`` plus `margin_s` (MARGIN_S + MARGIN_SHARE of the
+budget: the greedy pass and the report that run past the deadline): the search stages run against
+`search_deadline`, which keeps back time for the report (costing the plan, about
+REPORT_SHARE of the enumeration time, since both walk every candidate shard once), a greedy
+pass switches to one-shard layouts at `greedy_deadline` (RUSH_SHARE earlier), and a
+stage that would not finish in the time left is skipped and named in the plan's ``search``
+block (``skipped``), next to the seconds each stage took (``stages_s``).
+"""
+
+from __future__ import annotations
+
+import time
+
+MARGIN_S = 0.5  # plan() may end this much (plus MARGIN_SHARE of the budget) after time_budget_s
+MARGIN_SHARE = 0.1
+REPORT_SHARE = 0.25  # the report's time as a share of the enumeration time (measured: 0.1 to 0.5)
+RUSH_SHARE = 0.6  # a greedy pass of one-shard layouts only, as a share of the enumeration time (measured: 0.3 to 0.65)
+
+
+class Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.start = time.perf_counter()
+        self.budget_s = budget_s
+        self.end = self.start + budget_s
+        self.stages_s: dict[str, float] = {}
+        self.skipped: list[str] = []
+        self._mark = self.start
+        self.report_s = 0.0
+
+    def lap(self, stage: str) -> float:
+        """Record the time since the last lap under `stage` (added up); returns it."""
+        now = time.perf_counter()
+        took = now - self._mark
+        self.stages_s[stage] = self.stages_s.get(stage, 0.0) + took
+        self._mark = now
+        return took
+
+    @property
+    def margin_s(self) -> float:
+        return MARGIN_S + MARGIN_SHARE * self.budget_s
+
+    def reserve_report(self, enumerate_s: float) -> None:
+        self.report_s = REPORT_SHARE * enumerate_s
+
+    @property
+    def search_deadline(self) -> float:
+        return self.end - self.report_s
+
+    @property
+    def greedy_deadline(self) -> float:
+        """When a greedy pass must switch to one-shard layouts to end by the search deadline."""
+        return self.search_deadline - RUSH_SHARE * self.report_s / REPORT_SHARE
+
+    def left_s(self) -> float:
+        return self.search_deadline - time.perf_counter()
+
+    def skip(self, what: str) -> None:
+        self.skipped.append(what)
+
+    def block(self) -> dict:
+        """The timing part of the plan's ``search`` block."""
+        return {"wall_s": time.perf_counter() - self.start, "time_budget_s": self.budget_s, "margin_s": self.margin_s,
+                "stages_s": {k: round(v, 4) for k, v in self.stages_s.items()}, "skipped": list(self.skipped)}
