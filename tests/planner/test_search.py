@@ -1,5 +1,6 @@
 """Planner search: exact placements on tiny topologies, memory caps, constraints, bounds."""
 
+import gc
 import random
 import time
 from dataclasses import replace
@@ -262,11 +263,16 @@ def test_time_budget_is_honoured_on_a_large_input():
     search block says what it skipped."""
     specs = generate_tables(3000, seed=1, sequence_fraction=0.1)
     topo = Topology(world_size=512, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
-    cpu0 = time.process_time()
-    p = plan(specs, topo, time_budget_s=2.0)
-    cpu_s = time.process_time() - cpu0
+    gc.collect()
+    gc.freeze()  # the suite's own heap (hundreds of tests in this process) is not plan()'s to collect
+    try:
+        cpu0 = time.process_time()
+        p = plan(specs, topo, time_budget_s=2.0)
+        cpu_s = time.process_time() - cpu0
+    finally:
+        gc.unfreeze()
     assert p.search["margin_s"] == pytest.approx(0.7)
-    assert cpu_s <= 2.0 + p.search["margin_s"]
+    assert cpu_s <= 2.0 + p.search["margin_s"], (cpu_s, p.search["stages_s"])
     assert p.search["skipped"] and all("out of time" in s for s in p.search["skipped"])
     assert set(p.search["stages_s"]) >= {"enumerate", "bound", "greedy", "report"}
     assert len(p.tables) == 3000 and p.lower_bound_ms <= p.max_rank_ms
