@@ -46,7 +46,8 @@ SEQUENCE_FRACTION = 0.1
 def run_case(checkout: Path, config_dir: Path, name: str, world_size: int, out_dir: Path, budget_s: float) -> dict:
     """The whole embshard-plan process of `checkout` on one case: its times, peak RSS and plan."""
     out = out_dir / "plan.json"
-    cmd = [str(Path(sys.executable).parent / "embshard-plan"), "--config-dir", str(config_dir), f"tables={name}",
+    # python -m: the venv's console script imports this checkout's entry point (embshard.scripts), which the base lacks
+    cmd = [sys.executable, "-m", "embshard.plan_cli", "--config-dir", str(config_dir), f"tables={name}",
            f"topology.world_size={world_size}", *TOPOLOGY, f"planner.time_budget_s={budget_s:g}", f"out={out}"]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     log = out_dir / "stdout.txt"
