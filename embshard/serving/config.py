@@ -15,7 +15,7 @@ from typing import Dict, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from embshard.train.launcher import LauncherConfig
+from embshard.launch.launcher import LauncherConfig
 from embshard.schema import schema_of, value_of
 
 PROG = "embshard-serve"

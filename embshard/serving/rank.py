@@ -3,7 +3,7 @@
 Ranks other than 0 ignore SIGTERM/SIGINT: they stop when rank 0 sends STOP (it does on
 those signals), or when the group breaks because rank 0 is gone. When another rank is gone,
 rank 0 names it and how it ended, as the local launcher saw it (`reported_exits`), in its
-log and in /healthz. An error is printed by the first rank to find it (train/report.py), once.
+log and in /healthz. An error is printed by the first rank to find it (launch/report.py), once.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from embshard.serving.predictor import ArtifactError, Predictor
 from embshard.serving.server import build_app, serve
 from embshard.serving.workers import RankWorker
 from embshard.topology import Topology
-from embshard.train import distributed, report
-from embshard.train.distributed import LOST_GROUP, lost_group
+from embshard.launch import distributed, report
+from embshard.launch.distributed import LOST_GROUP, lost_group
 from embshard.cli import under_torchrun
-from embshard.train.launcher import reported_exits
+from embshard.launch.launcher import reported_exits
 
 LAUNCHER_NOTICE_S = 2.0  # how long rank 0 waits for the launcher to report a rank it lost
 T = TypeVar("T")

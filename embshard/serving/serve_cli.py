@@ -27,8 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from embshard.cli import CONFIG_DIR, fail, fail_config, run_hydra_app
 from embshard.serving.config import PROG, ServeSettings, num_ranks, register, settings_from_config
 from embshard.cli import under_torchrun
-from embshard.train.launcher import launch
-from embshard.train.main import child_args, user_env
+from embshard.launch.launcher import launch
+from embshard.launch.child import child_args, user_env
 
 register()
 

@@ -49,7 +49,7 @@ from embshard.runtime.optim import state_shapes
 from embshard.runtime.state import TableShard
 from embshard.specs import TableSpec
 from embshard.train.checksums import HashingFileSystem, verify, write_json
-from embshard.train.distributed import RankContext, SharedError, agree, all_gather
+from embshard.launch.distributed import RankContext, SharedError, agree, all_gather
 
 FORMAT, VERSION = "embshard-train-checkpoint", 1
 STATE_FILE = "train_state.json"

@@ -24,7 +24,7 @@ from embshard.models.config import DLRMConfig
 from embshard.planner.types import Constraints
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
-from embshard.train.launcher import LauncherConfig
+from embshard.launch.launcher import LauncherConfig
 from embshard.train.optim import OptimConfig
 from embshard.schema import schema_of, value_of
 

@@ -16,7 +16,7 @@ from torch import nn
 from torchmetrics.classification import BinaryAUROC
 
 from embshard.data.batch import Batch, FeatureLayout, Samples, to_batch
-from embshard.train.distributed import RankContext, all_sum
+from embshard.launch.distributed import RankContext, all_sum
 
 
 @torch.no_grad()

@@ -15,12 +15,10 @@ that loses the group (a peer died) exits with status 1 and says so.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import NoReturn
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -28,31 +26,16 @@ from embshard import cli
 from embshard.tables_option import with_tables_file
 from embshard.train import config
 from embshard.cli import under_torchrun
-from embshard.train.launcher import check_ranks, launch
+from embshard.launch.child import child_args, user_env
+from embshard.launch.launcher import check_ranks, launch
 
 PROG = "embshard-train"
-USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR")  # main() sets it for Hydra; ranks get the user's value
 config.register()
 
 
 def fail(message: str, code: int = cli.EXIT_BAD_INPUT) -> NoReturn:
     """Exit with the message on one stderr line (Hydra's and torch's messages span several)."""
     cli.fail(PROG, message, code)
-
-
-def child_args() -> list[str]:
-    """The command line of a rank: this job's overrides, its output folder, the user's config dirs."""
-    hc = HydraConfig.get()
-    args = [f"--config-dir={s.path}" for s in hc.runtime.config_sources if s.provider == "command-line"]
-    return [*args, *hc.overrides.task, f"hydra.run.dir={hc.runtime.output_dir}"]
-
-
-def user_env() -> dict[str, str]:
-    """This process's environment as the user gave it (main() sets HYDRA_FULL_ERROR for Hydra)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    if USER_FULL_ERROR is not None:
-        env["HYDRA_FULL_ERROR"] = USER_FULL_ERROR
-    return env
 
 
 @hydra.main(version_base="1.3", config_path=cli.CONFIG_DIR, config_name="train")

@@ -12,7 +12,7 @@ from embshard import planner
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.train.config import TrainSettings
-from embshard.train.distributed import RankContext, on_main
+from embshard.launch.distributed import RankContext, on_main
 
 
 def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None) -> ShardingPlan:

@@ -8,11 +8,11 @@ from typing import Callable
 import torch.distributed as dist
 from rich.console import Console
 
-from embshard.train import distributed, report
+from embshard.launch import distributed, report
 from embshard.train.config import TrainSettings
 from embshard.train.checkpoint import CheckpointError
-from embshard.train.distributed import LOST_GROUP, SharedError, lost_group
-from embshard.train.lost_ranks import Peers
+from embshard.launch.distributed import LOST_GROUP, SharedError, lost_group
+from embshard.launch.lost_ranks import Peers
 
 
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:

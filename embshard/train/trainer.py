@@ -29,7 +29,7 @@ from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, Sha
 from embshard.runtime.state import TableShard
 from embshard.train import checkpoint
 from embshard.train.config import TrainSettings
-from embshard.train.distributed import RankContext, all_gather, all_sum
+from embshard.launch.distributed import RankContext, all_gather, all_sum
 from embshard.train.evaluate import evaluate
 from embshard.train.metrics import MetricsLog, save_curves
 from embshard.train.optim import DenseOptimConfig

@@ -31,6 +31,13 @@ def test_planner_and_stats_clis_load_no_torch():
     assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
 
 
+def test_serving_and_calibration_do_not_load_the_training_app():
+    run = python("import embshard.serving.serve_cli, embshard.serving.rank, embshard.serving.export, embshard.calibrate.cli\n"
+                 "print(sorted(m for m in sys.modules if m.startswith(('embshard.train.main', 'embshard.train.run', "
+                 "'embshard.train.trainer'))))")
+    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
+
+
 @pytest.mark.parametrize("package, part", [
     ("embshard.runtime", "embshard.runtime"),
     ("embshard.train.main", "embshard-train (embshard.train)"),

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console  # noqa: E402
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 
-from embshard.train import checkpoint, distributed  # noqa: E402
+from embshard.launch import distributed  # noqa: E402
+from embshard.train import checkpoint  # noqa: E402
 from embshard.train.trainer import Trainer  # noqa: E402
 from train_tables import settings  # noqa: E402
 

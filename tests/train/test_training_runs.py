@@ -30,7 +30,8 @@ from rich.console import Console
 
 from embshard.cli import CONFIG_DIR
 from embshard.ports import free_port
-from embshard.train import config, distributed
+from embshard.launch import distributed
+from embshard.train import config
 from embshard.train.checkpoint import read_tables
 from embshard.train.trainer import Trainer
 from train_tables import FAST_PLANNER, MODEL

@@ -7,7 +7,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from embshard.cli import CONFIG_DIR
-from embshard.train import config, distributed
+from embshard.launch import distributed
+from embshard.train import config
 from embshard.train.trainer import Trainer
 
 CONFIGS = Path(CONFIG_DIR)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from embshard.topology import Topology
 from embshard.cli import under_torchrun
-from embshard.train.launcher import check_ranks
+from embshard.launch.launcher import check_ranks
 
 T = TypeVar("T")
 

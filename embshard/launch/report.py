@@ -16,8 +16,8 @@ from typing import Callable, NoReturn
 
 import torch.distributed as dist
 
-from embshard.train import distributed
-from embshard.train.distributed import RankContext
+from embshard.launch import distributed
+from embshard.launch.distributed import RankContext
 
 CLAIM, SEEN = "embshard/error/claim", "embshard/error/seen"
 STORE_LINGER_S = 10.0

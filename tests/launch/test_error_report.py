@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from embshard.train import report
-from embshard.train.distributed import RankContext
+from embshard.launch import report
+from embshard.launch.distributed import RankContext
 
 
 def ctx(rank: int) -> RankContext:

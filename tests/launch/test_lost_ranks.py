@@ -7,8 +7,8 @@ import time
 
 import torch.distributed as dist
 
-from embshard.train import lost_ranks
-from embshard.train.lost_ranks import Peers
+from embshard.launch import lost_ranks
+from embshard.launch.lost_ranks import Peers
 
 
 def listener() -> socket.socket:

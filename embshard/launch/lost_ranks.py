@@ -24,7 +24,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from embshard.train.distributed import RankContext, all_gather
+from embshard.launch.distributed import RankContext, all_gather
 
 SETTLE_S = 1.0
 PROBE_TIMEOUT_S = 2.0
