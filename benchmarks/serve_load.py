@@ -95,7 +95,7 @@ def reference_server(run_dir: Path, port_file: Path) -> None:
     from embshard.serving.config import ExportOptions, ServeSettings, BatchingConfig, ServerConfig
     from embshard.serving.rank import serve_rank0
     from embshard.serving.workers import RankWorker
-    from embshard.train.launcher import LauncherConfig
+    from embshard.launch.launcher import LauncherConfig
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

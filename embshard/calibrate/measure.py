@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from typing import Any, Iterator, Sequence
 from embshard.calibrate.device import BACKENDS, clock_reader
 from embshard.planner.plan import ShardingPlan
 from embshard.ports import free_port
+from embshard.procs import wait_all
 
 PHASES = ("input_dist_ms", "lookup_fwd_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "lookup_bwd_ms", "dp_allreduce_ms")
 # collection timer phase -> Perf field
@@ -271,16 +271,7 @@ def run_ranks(world_size: int, job: dict[str, Any], timeout_s: float) -> list[di
                                    str(port), str(Path(tmp) / f"rank{r}.json")],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(world_size)]
-        deadline = time.monotonic() + timeout_s
-        logs, timed_out = [], False
-        for p in procs:
-            try:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                for q in procs:
-                    q.kill()
-                logs.append(p.communicate()[0])
+        logs, timed_out = wait_all(procs, timeout_s)
         for r, p in enumerate(procs):
             if p.returncode != 0:
                 tail = " | ".join(line for line in logs[r].strip().splitlines()[-6:])

@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from embshard.ports import free_port
+from embshard.procs import wait_all
 
 WORKER = Path(__file__).resolve().parent / "rt_worker.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -27,15 +27,7 @@ def run_group(world_size: int, timeout_s: float, only: str = "") -> list[dict]:
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world_size)
     ]
-    deadline = time.monotonic() + timeout_s
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            logs.append(p.communicate()[0])
+    logs, _ = wait_all(procs, timeout_s)
     results = []
     for r, p in enumerate(procs):
         path = out_dir / f"rank{r}.json"

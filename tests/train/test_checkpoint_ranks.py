@@ -13,13 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ckpt_worker import LAYOUT_2, LAYOUT_3, MORE_STEPS, STEPS
 from embshard.ports import free_port
+from embshard.procs import wait_all
 from embshard.train.checkpoint import read_tables
 
 WORKER = Path(__file__).resolve().parent / "ckpt_worker.py"
@@ -38,15 +38,7 @@ def run_group(job: str, world_size: int, config_dir: Path, out: Path) -> list[di
                "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), job, str(config_dir), str(out)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    deadline = time.monotonic() + GROUP_TIMEOUT_S
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            logs.append(p.communicate()[0])
+    logs, _ = wait_all(procs, GROUP_TIMEOUT_S)
     results = []
     for rank, p in enumerate(procs):
         path = out / f"{job}_rank{rank}.json"
