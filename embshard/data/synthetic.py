@@ -59,7 +59,19 @@ def zipf_rows(rng: np.random.Generator, num_rows: int, skew: float, n: int, salt
         top = (num_rows + 1) ** (1 - skew)
         ranks = np.floor((1 + u * (top - 1)) ** (1 / (1 - skew))) - 1
     ranks = np.clip(ranks, 0, num_rows - 1).astype(np.uint64)
-    return ((ranks * _GOLDEN + np.uint64(salt)) % np.uint64(num_rows)).astype(np.int64)
+    return scatter_ranks(ranks, num_rows, salt)
+
+
+def scatter_ranks(ranks: np.ndarray, num_rows: int, salt: int) -> np.ndarray:
+    """Popularity rank -> row id, one-to-one over [0, num_rows): ``(rank * a + salt) mod num_rows``
+    with a multiplier ``a`` coprime to ``num_rows``, so hot rows are spread over the table (and its
+    row shards) and every row can be drawn. Exact in uint64 below 2**32 rows, in Python ints above."""
+    a = int(_GOLDEN) % num_rows or 1
+    while math.gcd(a, num_rows) != 1:
+        a += 1
+    if num_rows <= 2**32:  # rank * a < 2**64
+        return ((ranks * np.uint64(a) + np.uint64(salt % num_rows)) % np.uint64(num_rows)).astype(np.int64)
+    return np.array([(int(r) * a + salt) % num_rows for r in ranks.tolist()], dtype=np.int64)
 
 
 def bag_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:

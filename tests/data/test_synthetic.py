@@ -9,7 +9,7 @@ import torch
 from embshard.data.batch import FeatureLayout, Samples
 from embshard.data.config import SyntheticConfig
 from embshard.data.stream import IndexedStream, open_stream
-from embshard.data.synthetic import SyntheticSource, hidden_uniform
+from embshard.data.synthetic import SyntheticSource, hidden_uniform, scatter_ranks, zipf_rows
 from embshard.specs import TableSpec
 
 SPECS = (TableSpec("a", 1000, 8), TableSpec("b", 50, 8, pooling_factor=3.0), TableSpec("c", 20_000, 8),
@@ -68,3 +68,13 @@ def test_labels_carry_the_planted_signal() -> None:
     assert np.corrcoef(weight_a, s.labels)[0, 1] > 0.1
     flat = SyntheticSource(SyntheticConfig(signal=0.0), LAYOUT).read(0, 20_000)
     assert abs(np.corrcoef(hidden_uniform(0, flat.values[0]), flat.labels)[0, 1]) < 0.03
+
+
+def test_every_row_can_be_drawn() -> None:
+    # the rank -> row map is one-to-one (it once wrapped in uint64: a 305-row table drew 25 rows)
+    for num_rows in (1, 2, 305, 4096, 1_000_003, 2**33 + 7):
+        ranks = np.arange(min(num_rows, 50_000), dtype=np.uint64)
+        rows = scatter_ranks(ranks, num_rows, salt=12345)
+        assert len(np.unique(rows)) == len(ranks) and 0 <= rows.min() and rows.max() < num_rows, num_rows
+    uniform = zipf_rows(np.random.default_rng(0), 305, 0.0, 20_000, salt=7)
+    assert len(np.unique(uniform)) == 305
