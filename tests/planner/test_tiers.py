@@ -229,3 +229,22 @@ def test_tiered_plans_are_what_the_search_scored_and_the_bound_holds(seed):
         assert r.storage.total_bytes <= topo.shard_memory_cap_bytes and r.storage.host_bytes <= topo.host_memory_cap_bytes
     problem = build_problem(specs, topo, constraints)
     assert lower_bound_ms(problem)[0] <= p.max_rank_ms * (1 + 1e-9)
+
+
+def test_criteo_tb_plans_on_8_ranks_of_8_gib_with_measured_curves_and_host_memory():
+    """README's dry run: 86 GiB of tables, 8 x 7.1 GiB of HBM for shards, 8 x 64 GiB of host memory."""
+    from embshard.cli import CONFIG_DIR
+    from embshard.specs import load_tables_file
+    specs, _ = load_tables_file(Path(CONFIG_DIR) / "tables" / "criteo_tb_measured.yaml")
+    assert all(s.hot_rows for s in specs)
+    topo = Topology(world_size=8, local_world_size=8, hbm_gib=8.0, batch_size_per_rank=4096)
+    with pytest.raises(PlanInfeasibleError, match="GiB short"):
+        plan(specs, topo, time_budget_s=2)
+    p = plan(specs, replace(topo, ddr_gib=64.0), time_budget_s=2)
+    assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
+    assert 60 * GIB < sum(r.storage.host_bytes for r in p.ranks) <= 8 * 64 * GIB
+    for name, where, rows, hit in tiered_tables(p):
+        spec = p.spec(name)
+        if where == "uvm_cache":
+            shards = p.placement(name).shards
+            assert hit == pytest.approx(sum(s.num_rows * hit_rate(spec, s.cache_rows, s.num_rows) for s in shards) / spec.num_embeddings)
