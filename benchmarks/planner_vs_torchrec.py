@@ -22,6 +22,7 @@ by the case inputs, so an interrupted run resumes; --rerun-embshard replans embs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -88,11 +89,13 @@ def run_embshard(specs: tuple[TableSpec, ...], topo: Topology, time_budget_s: fl
             "commit": git_commit()}
 
 
-def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int) -> dict:
-    """TorchRec's planner in a subprocess (killed after limit_s)."""
+def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False) -> dict:
+    """TorchRec's planner in a subprocess (killed after limit_s); uvm: it may also keep tables in host
+    memory (FUSED_UVM_CACHING at the cache load factor its enumerator gives, FUSED_UVM)."""
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job.write_text(json.dumps({"specs": [s.to_dict() for s in specs], "topology": topo.to_dict(), "search_s": search_s}))
+        job.write_text(json.dumps({"specs": [s.to_dict() for s in specs], "topology": topo.to_dict(), "search_s": search_s,
+                                   "uvm": uvm}))
         cmd = [sys.executable, __file__, "--torchrec-child", str(job), str(out)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=REPO)
@@ -110,6 +113,8 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
+    from torchrec.distributed.types import CacheParams
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -127,13 +132,17 @@ def torchrec_child(job_path: str, out_path: str) -> None:
         model.ec = EmbeddingCollection(tables=sequences, device=torch.device("meta"))
     tr_topology = to_torchrec_topology(topo)
     planner = EmbeddingShardingPlanner(
-        topology=tr_topology, batch_size=topo.batch_size_per_rank, constraints=torchrec_constraints(specs),
+        topology=tr_topology, batch_size=topo.batch_size_per_rank, constraints=torchrec_constraints(specs, job.get("uvm", False)),
         storage_reservation=FixedPercentageStorageReservation(topo.reserved_fraction), stats=[], debug=False,
         timeout_seconds=job["search_s"])
     t0, c0 = time.perf_counter(), time.process_time()
     tr_plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     rating_ms = NoopPerfModel(tr_topology).rate(planner._best_plan)
+    for module_plan in tr_plan.plan.values():  # a cached table without cache_params runs at TorchRec's default load factor
+        for name, ps in module_plan.items():
+            if ps.compute_kernel == "fused_uvm_caching" and (ps.cache_params is None or ps.cache_params.load_factor is None):
+                module_plan[name] = dataclasses.replace(ps, cache_params=CacheParams(load_factor=UVM_CACHING_RATIO))
     as_embshard = from_torchrec_plan(tr_plan, specs, topo)
     Path(out_path).write_text(json.dumps({"status": "ok", "wall_s": wall_s, "cpu_s": cpu_s, "torchrec_rating_ms": rating_ms,
                                           "num_proposals": planner._num_proposals, "plan": as_embshard.to_dict()}))

@@ -49,8 +49,8 @@ PHASE_FACTORS = ("input_dist_factor", "lookup_fwd_factor", "output_dist_factor",
 # Defaults by device. Effective numbers, not datasheet peaks: a row gather reaches well
 # under peak HBM bandwidth, and all-to-all reaches well under NVLink/IB line rate.
 DEVICE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cuda": {"hbm_gb_per_s": 1500.0, "intra_host_gb_per_s": 150.0, "inter_host_gb_per_s": 25.0},
-    "cpu": {"hbm_gb_per_s": 10.0, "intra_host_gb_per_s": 2.0, "inter_host_gb_per_s": 1.0},
+    "cuda": {"hbm_gb_per_s": 1500.0, "intra_host_gb_per_s": 150.0, "inter_host_gb_per_s": 25.0, "ddr_gb_per_s": 25.0},
+    "cpu": {"hbm_gb_per_s": 10.0, "intra_host_gb_per_s": 2.0, "inter_host_gb_per_s": 1.0, "ddr_gb_per_s": 10.0},
 }
 
 
@@ -60,6 +60,10 @@ class Topology:
 
     world_size: number of ranks; local_world_size: ranks per host (world_size must be a
     multiple). hbm_gib: memory per rank in GiB (host memory for device=cpu).
+    ddr_gib: host memory per rank that tables may use beyond HBM (0 = none: every shard in
+    HBM); with it the planner may keep a shard in host memory (``host``) or there with an
+    HBM cache of its hottest rows (``uvm_cache``); ddr_gb_per_s: the bandwidth between HBM
+    and that host memory (PCIe / C2C; on CPU the same memory).
     reserved_fraction: share of each rank's memory kept for dense parameters, their
     optimizer state and activations; embedding shards may use the rest.
     batch_size_per_rank: training samples per rank per step.
@@ -83,6 +87,8 @@ class Topology:
     hbm_gb_per_s: float = 0.0
     intra_host_gb_per_s: float = 0.0
     inter_host_gb_per_s: float = 0.0
+    ddr_gib: float = 0.0
+    ddr_gb_per_s: float = 0.0
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
     collective_ms: float = 0.0
@@ -111,7 +117,7 @@ class Topology:
 
     def __post_init__(self) -> None:
         for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s",
-                    *CALIBRATED_TERMS, *PHASE_FACTORS):
+                    "ddr_gib", "ddr_gb_per_s", *CALIBRATED_TERMS, *PHASE_FACTORS):
             object.__setattr__(self, key, float(getattr(self, key)))
         for key, value in DEVICE_DEFAULTS.get(self.device, {}).items():
             if getattr(self, key) == 0.0:
@@ -146,6 +152,11 @@ class Topology:
         return self.rank_memory_bytes - self.reserved_bytes
 
     @property
+    def host_memory_cap_bytes(self) -> int:
+        """Bytes of host memory per rank available to tables (shards kept in host memory)."""
+        return int(self.ddr_gib * GIB)
+
+    @property
     def global_batch_size(self) -> int:
         return self.batch_size_per_rank * self.world_size
 
@@ -168,11 +179,12 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                     raise ValueError(f"{where}.{key}: must be a positive integer, got {v!r}")
-        for key in ("hbm_gib", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s"):
+        for key in ("hbm_gib", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "ddr_gib", "ddr_gb_per_s"):
             if key in raw:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (key == "hbm_gib" and v == 0):
-                    raise ValueError(f"{where}.{key}: must be a positive number, got {v!r}")
+                    raise ValueError(f"{where}.{key}: must be a {'positive number' if key == 'hbm_gib' else 'number >= 0'}"
+                                     f"{' (0 = no host memory for tables)' if key == 'ddr_gib' else ''}, got {v!r}")
         for key in CALIBRATED_TERMS:
             if key in raw:
                 v = raw[key]

@@ -3,7 +3,9 @@
 - `to_embedding_configs(specs)`: EmbeddingBagConfig (pooled) and EmbeddingConfig (sequence).
 - `to_torchrec_plan(plan)`: a `torchrec.distributed.types.ShardingPlan` for
   DistributedModelParallel. Exact for every layout TorchRec can run; any other layout raises
-  ValueError naming the table, the reason and the fix.
+  ValueError naming the table, the reason and the fix. Shards out of HBM export as
+  FUSED_UVM_CACHING with `CacheParams(load_factor=cache rows / rows)` (uvm_cache) or FUSED_UVM
+  (host); TorchRec keeps one kernel and load factor per table, so its shards must agree.
 - `from_torchrec_plan(tr_plan, specs, topology)`: TorchRec's plan scored by embshard's model.
 - `to_torchrec_topology(topology)`: the same cluster for TorchRec's planner (bytes/ms units).
 - `torchrec_estimate(plan)`: per-rank step time (ms) under TorchRec's EmbeddingPerfEstimator,
@@ -32,7 +34,7 @@ from torchrec.distributed.planner.types import ShardingOption, TopologyFactory, 
 from torchrec.distributed.planner.types import Topology as TrTopology
 from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 from torchrec.distributed.sharding_plan import placement
-from torchrec.distributed.types import EmbeddingModuleShardingPlan, EnumerableShardingSpec, ParameterSharding
+from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, EnumerableShardingSpec, ParameterSharding
 from torchrec.distributed.types import ShardingPlan as TrShardingPlan
 from torchrec.distributed.types import ShardMetadata
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType
@@ -41,7 +43,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from embshard.planner.api import evaluate
 from embshard.planner.plan import ShardingPlan, TablePlacement
 from embshard.planner.splits import row_splits
-from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
+from embshard.planner.cost.tiers import cache_rows
+from embshard.planner.types import COMPUTE_KERNEL, Location, Shard, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -49,6 +52,8 @@ TORCHREC_DATA_TYPE = {"fp32": DataType.FP32, "fp16": DataType.FP16, "int8": Data
 # embshard bandwidths are GB/s = 1e9 bytes per 1e3 ms; TorchRec's are bytes/ms.
 BYTES_PER_MS_PER_GB_PER_S = 1e9 / 1e3
 # Layouts TorchRec's EmbeddingCollection (sequence tables) can shard.
+# TorchRec's compute kernel for a sharded table's location (data-parallel tables stay "dense").
+LOCATION_KERNEL = {Location.HBM: "fused", Location.UVM_CACHE: "fused_uvm_caching", Location.HOST: "fused_uvm"}
 SEQUENCE_SHARDING_TYPES = (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
 
 
@@ -73,7 +78,8 @@ def to_torchrec_topology(topology: Topology) -> TrTopology:
     """The same cluster as TorchRec's planner Topology.
 
     Memory per rank goes to hbm_cap (ddr_cap for device=cpu, where TorchRec keeps tables in
-    DDR); bandwidths convert from GB/s to TorchRec's bytes/ms; the gather bandwidth goes to
+    DDR), and on cuda host memory for tables (`topology.ddr_gib`) to ddr_cap with
+    `ddr_gb_per_s` as its HBM-to-DDR bandwidth (UVM); bandwidths convert from GB/s to TorchRec's bytes/ms; the gather bandwidth goes to
     hbm_mem_bw (ddr_mem_bw for cpu). TorchRec's Topology has no batch size: it is an argument
     of its planner and of each ShardingOption (`topology.batch_size_per_rank` here).
     """
@@ -82,25 +88,28 @@ def to_torchrec_topology(topology: Topology) -> TrTopology:
     on_cpu = topology.device == "cpu"
     hardware = HardwareConfig(
         hbm_cap_bytes=None if on_cpu else cap_bytes,
-        ddr_cap_bytes=cap_bytes if on_cpu else None,
+        ddr_cap_bytes=cap_bytes if on_cpu else topology.host_memory_cap_bytes,
         intra_host_bw=topology.intra_host_gb_per_s * BYTES_PER_MS_PER_GB_PER_S,
         inter_host_bw=topology.inter_host_gb_per_s * BYTES_PER_MS_PER_GB_PER_S,
         hbm_mem_bw=None if on_cpu else gather_bytes_per_ms,
         ddr_mem_bw=gather_bytes_per_ms if on_cpu else None,
+        hbm_to_ddr_mem_bw=None if on_cpu else topology.ddr_gb_per_s * BYTES_PER_MS_PER_GB_PER_S,
     )
     trainer = TrainerConfig(world_size=topology.world_size, local_world_size=topology.local_world_size)
     kernel = KernelConfig(compute_device=topology.device, use_hardware_based_bandwidth=True)
     return TopologyFactory.create_topology(trainer_config=trainer, hardware_config=hardware, kernel_config=kernel)
 
 
-def torchrec_constraints(specs: Sequence[TableSpec]) -> dict[str, ParameterConstraints]:
+def torchrec_constraints(specs: Sequence[TableSpec], uvm: bool = False) -> dict[str, ParameterConstraints]:
     """Per-table ParameterConstraints that tell TorchRec what embshard knows: pooling factors,
-    the six sharding types embshard plans, and HBM-resident kernels (fused; dense for DP)."""
+    the six sharding types embshard plans, and HBM-resident kernels (fused; dense for DP), with
+    `uvm` also FUSED_UVM_CACHING and FUSED_UVM (tables in host memory)."""
     types = [t.value for t in ShardingType]
+    kernels = ["fused", "dense", *(["fused_uvm_caching", "fused_uvm"] if uvm else [])]
     return {
         s.name: ParameterConstraints(
             sharding_types=types if s.pooled else [t.value for t in SEQUENCE_SHARDING_TYPES],
-            compute_kernels=["fused", "dense"],
+            compute_kernels=kernels,
             pooling_factors=[s.pooling_factor] * s.num_features,
             feature_names=list(s.feature_names),
         )
@@ -134,6 +143,25 @@ def to_torchrec_plan(plan: ShardingPlan, module_path: str = "", *, sequence_modu
     return TrShardingPlan(module_plans)
 
 
+def _kernel_and_cache(t: TablePlacement) -> tuple[str, CacheParams | None]:
+    """TorchRec's compute kernel and cache params for a sharded table; ValueError if its shards
+    differ in location or cache share (TorchRec has one kernel and load factor per table)."""
+    locations = {s.location for s in t.shards}
+    if len(locations) > 1:
+        raise ValueError(f"table {t.name!r}: its shards are in {sorted(x.value for x in locations)}, but TorchRec runs one "
+                         f"compute kernel per table; keep them in one location to export")
+    location = locations.pop()
+    if location is not Location.UVM_CACHE:
+        return LOCATION_KERNEL[location], None
+    rows = sum(s.num_rows for s in t.shards)
+    load_factor = sum(s.cache_rows for s in t.shards) / rows
+    if any(abs(s.cache_rows - cache_rows(s.num_rows, load_factor)) > 1 for s in t.shards):  # one share, up to rounding
+        shares = sorted({round(s.cache_rows / s.num_rows, 4) for s in t.shards})
+        raise ValueError(f"table {t.name!r}: its shards cache {shares} of their rows, but TorchRec takes one "
+                         f"cache_load_factor per table; give its shards one cache share to export")
+    return LOCATION_KERNEL[location], CacheParams(load_factor=load_factor)
+
+
 def _parameter_sharding(t: TablePlacement, shards: Sequence[Shard], topology: Topology) -> ParameterSharding:
     if t.sharding_type is ShardingType.DATA_PARALLEL:
         return ParameterSharding(sharding_type=t.sharding_type.value, compute_kernel=COMPUTE_KERNEL[t.sharding_type],
@@ -143,8 +171,9 @@ def _parameter_sharding(t: TablePlacement, shards: Sequence[Shard], topology: To
                       placement=placement(topology.device, s.rank, topology.local_world_size))
         for s in shards
     ]
-    return ParameterSharding(sharding_type=t.sharding_type.value, compute_kernel=COMPUTE_KERNEL[t.sharding_type],
-                             ranks=[s.rank for s in shards], sharding_spec=EnumerableShardingSpec(metadata))
+    kernel, cache = _kernel_and_cache(t)
+    return ParameterSharding(sharding_type=t.sharding_type.value, compute_kernel=kernel,
+                             ranks=[s.rank for s in shards], sharding_spec=EnumerableShardingSpec(metadata), cache_params=cache)
 
 
 def _torchrec_shard_order(t: TablePlacement, spec: TableSpec, topology: Topology) -> list[Shard]:
@@ -164,14 +193,14 @@ def _torchrec_shard_order(t: TablePlacement, spec: TableSpec, topology: Topology
     spans = row_splits(spec.num_embeddings, len(group))
     expected = None if spans is None else [Shard(r, off, n, 0, spec.embedding_dim) for r, (off, n) in zip(group, spans)]
     got = sorted(t.shards, key=lambda s: s.row_offset)
-    if got != expected:
+    if [Shard(s.rank, s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in got] != expected:
         layout = [(s.rank, s.row_offset, s.num_rows) for s in got]
         raise ValueError(
             f"{where}: TorchRec's {st.value} puts row block i of ceil(rows/{len(group)}) rows on the i-th of {scope}; "
             f"this plan has (rank, row_offset, num_rows) {layout}. To export it, plan this table with a layout TorchRec runs "
             f"(row_wise over all ranks, table_row_wise over a whole host, table_wise or column_wise: "
             f"constraints.tables.{t.name}.sharding_types), or run this plan with embshard's runtime")
-    return expected
+    return got
 
 
 def _check_sequence_layouts(plan: ShardingPlan) -> None:
@@ -221,14 +250,25 @@ def from_torchrec_plan(tr_plan: TrShardingPlan, specs: Sequence[TableSpec], topo
 def _placement_from_torchrec(spec: TableSpec, ps: ParameterSharding, topology: Topology) -> TablePlacement:
     where = f"TorchRec plan, table {spec.name!r}"
     st = ShardingType.parse(ps.sharding_type, f"{where}.sharding_type")
-    if ps.compute_kernel != COMPUTE_KERNEL[st]:
-        raise ValueError(f"{where}: compute kernel {ps.compute_kernel!r}; embshard models HBM-resident tables "
-                         f"({COMPUTE_KERNEL[st]!r} for {st.value}); plan TorchRec with compute_kernels=['fused', 'dense']")
+    kernels = {v: k for k, v in LOCATION_KERNEL.items()}
+    if st is ShardingType.DATA_PARALLEL and ps.compute_kernel != COMPUTE_KERNEL[st] or \
+            st is not ShardingType.DATA_PARALLEL and ps.compute_kernel not in kernels:
+        raise ValueError(f"{where}: compute kernel {ps.compute_kernel!r}; embshard models {COMPUTE_KERNEL[st]!r} for "
+                         f"{st.value}{'' if st is ShardingType.DATA_PARALLEL else ' and ' + ', '.join(list(kernels)[1:])} "
+                         f"(tables in host memory); plan TorchRec with compute_kernels among those")
+    location = kernels.get(ps.compute_kernel, Location.HBM)
+    load_factor = ps.cache_params.load_factor if ps.cache_params is not None else None
+    if location is Location.UVM_CACHE and not load_factor:
+        raise ValueError(f"{where}: fused_uvm_caching without cache_params.load_factor; give it the cache share")
+
+    def tier(num_rows: int) -> dict:
+        rows = cache_rows(num_rows, load_factor) if location is Location.UVM_CACHE else 0
+        return {"location": location, "cache_rows": rows}
     if st is ShardingType.DATA_PARALLEL:
         shards = [Shard(r, 0, spec.num_embeddings, 0, spec.embedding_dim) for r in range(topology.world_size)]
         return TablePlacement(spec.name, st, COMPUTE_KERNEL[st], tuple(shards))
     blocks = sorted(
-        (Shard(ps.ranks[i], m.shard_offsets[0], m.shard_sizes[0], m.shard_offsets[1], m.shard_sizes[1])
+        (Shard(ps.ranks[i], m.shard_offsets[0], m.shard_sizes[0], m.shard_offsets[1], m.shard_sizes[1], **tier(m.shard_sizes[0]))
          for i, m in enumerate(ps.sharding_spec.shards) if m.shard_sizes[0] > 0 and m.shard_sizes[1] > 0),
         key=lambda s: (s.col_offset, s.row_offset))
     merged: list[Shard] = []
@@ -239,11 +279,11 @@ def _placement_from_torchrec(spec: TableSpec, ps: ParameterSharding, topology: T
             continue
         prev = merged[same_rank[0]]
         if st.splits_cols and prev.col_offset + prev.num_cols == s.col_offset:
-            merged[same_rank[0]] = Shard(prev.rank, 0, prev.num_rows, prev.col_offset, prev.num_cols + s.num_cols)
+            merged[same_rank[0]] = Shard(prev.rank, 0, prev.num_rows, prev.col_offset, prev.num_cols + s.num_cols, **tier(prev.num_rows))
         else:
             raise ValueError(f"{where}: two non-adjacent blocks on rank {s.rank}, which an embshard plan cannot express "
                              f"(one shard per table and rank)")
-    return TablePlacement(spec.name, st, COMPUTE_KERNEL[st], tuple(merged))
+    return TablePlacement(spec.name, st, COMPUTE_KERNEL[st], tuple(merged))  # embshard names the kernel by type
 
 
 # ---- TorchRec's cost model on an embshard plan -------------------------------------------
@@ -278,8 +318,9 @@ def torchrec_estimate(plan: ShardingPlan) -> list[float]:
             input_lengths=[spec.pooling_factor] * spec.num_features, batch_size=topology.batch_size_per_rank,
             sharding_type=ps.sharding_type, partition_by=get_partition_by_type(ps.sharding_type),
             compute_kernel=ps.compute_kernel, shards=_torchrec_option_shards(ps, spec), is_pooled=spec.pooled,
-            feature_names=list(spec.feature_names)))
-    estimator = EmbeddingPerfEstimator(topology=to_torchrec_topology(topology), constraints=torchrec_constraints(plan.specs))
+            feature_names=list(spec.feature_names), cache_params=ps.cache_params))
+    estimator = EmbeddingPerfEstimator(topology=to_torchrec_topology(topology),
+                                       constraints=torchrec_constraints(plan.specs, uvm=topology.host_memory_cap_bytes > 0))
     estimator.estimate(options, sharder_data_map=build_sharder_data_map(sharders))
     per_rank_ms = [0.0] * topology.world_size
     for option in options:

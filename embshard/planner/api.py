@@ -19,6 +19,7 @@ from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
+from embshard.planner.cost.tiers import cache_rows
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
 from embshard.planner.search.clock import Clock
@@ -28,7 +29,7 @@ from embshard.planner.search.local import local_search, rank_order_rows
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
-from embshard.planner.types import COMPUTE_KERNEL, Constraints, Shard, ShardingType, Storage
+from embshard.planner.types import COMPUTE_KERNEL, Constraints, Location, Shard, ShardingType, Storage
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -174,7 +175,7 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
         every_storage = every_storage + requester_storage(spec, topology, inference)
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
-                                                               inference)
+                                                               inference, s.location, s.cache_rows)
     used = [s + every_storage for s in storage]
     check_caps(used, topology)
     perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
@@ -239,7 +240,9 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
                 shards = Replicas(problem.topo.world_size, table.num_embeddings, table.embedding_dim)
             else:  # block i on ranks[i], as the search scored it (the runtime routes rows by offset)
                 assert not (problem.rank_ordered_rows and cand.sharding_type.splits_rows) or list(ranks) == sorted(ranks)
-                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))
+                shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols, cand.location,
+                                     cache_rows(b.num_rows, cand.cache_fraction) if cand.location is Location.UVM_CACHE else 0)
+                               for r, b in zip(ranks, cand.blocks))
             out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
     return out
 

@@ -6,6 +6,10 @@ restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE) are of
 data_parallel and table_wise: splitting them cannot help balance. Host-bound types are offered only on multi-host topologies
 (on one host they equal row_wise/column_wise) unless they are the only allowed type.
 
+With ``tiers`` (host memory for tables: ``topology.ddr_gib`` > 0), every sharded layout is
+also offered with its shards in host memory and with an HBM cache of each of
+`tiers.CACHE_FRACTIONS` of their rows (embshard.planner.cost.tiers).
+
 ``inference`` (serving): candidates cost the forward pass only (input dist, lookup forward,
 output dist forward: `forward_only`) and the bytes of forward-only storage (no optimizer
 state, no gradients; see cost/storage.py).
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
+from embshard.planner.cost.tiers import CACHE_FRACTIONS, cache_rows
 from embshard.planner.splits import col_splits, row_splits
-from embshard.planner.types import Candidate, Perf, ShardCost, ShardingType, TableConstraint
+from embshard.planner.types import Candidate, Location, Perf, ShardCost, ShardingType, TableConstraint
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -37,8 +42,8 @@ def forward_only(p: Perf) -> Perf:
 
 
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int,
-              inference: bool = False) -> Candidate | None:
-    """The candidate for one type and shard count, or None if the table cannot be cut so."""
+              inference: bool = False, location: Location = Location.HBM, cache_fraction: float = 0.0) -> Candidate | None:
+    """The candidate for one type, shard count and location, or None if the table cannot be cut so."""
     phases = forward_only if inference else (lambda p: p)
     if stype is ShardingType.DATA_PARALLEL:
         return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference)),
@@ -57,18 +62,32 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     for _, n in rows:
         for _, d in cols:
             if (n, d) not in costed:
-                costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards)),
-                                           holder_storage(spec, topo, stype, n, d, inference))
+                c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
+                costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards, location, c)),
+                                           holder_storage(spec, topo, stype, n, d, inference, location, c))
     shards = tuple(costed[(n, d)] for _, n in rows for _, d in cols)
     return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, phases(requester_perf(spec, topo, stype, num_shards)),
-                     Perf(), requester_storage(spec, topo, inference))
+                     Perf(), requester_storage(spec, topo, inference), location, cache_fraction)
+
+
+def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: bool = False) -> list[Candidate]:
+    """cands, then each sharded one again in host memory and with each cache size of CACHE_FRACTIONS."""
+    out = list(cands)
+    for c in cands:
+        if c.sharding_type is ShardingType.DATA_PARALLEL:
+            continue
+        k = len(c.col_spans) if c.sharding_type.splits_cols else len(c.row_spans)
+        out += [candidate(spec, topo, c.sharding_type, k, inference, Location.UVM_CACHE, f) for f in CACHE_FRACTIONS]
+        out.append(candidate(spec, topo, c.sharding_type, k, inference, Location.HOST))
+    return out
 
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
                          torchrec_compatible: bool = False, inference: bool = False,
-                         max_row_shards: int | None = None) -> list[Candidate]:
+                         max_row_shards: int | None = None, tiers: bool = False) -> list[Candidate]:
     """Candidates the constraint allows; with splits=False only data_parallel and table_wise;
-    row_wise into at most max_row_shards blocks (None: up to all allowed ranks).
+    row_wise into at most max_row_shards blocks (None: up to all allowed ranks); with tiers
+    each sharded layout also in host memory and cached (`tiered`).
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
     ranks and table_row_wise over a whole host.
@@ -104,5 +123,6 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
             whole_host_only = torchrec_compatible and stype is ShardingType.TABLE_ROW_WISE
             specs += [(stype, k) for k in _counts(limit) if not whole_host_only or k == topo.local_world_size]
-    return [c for stype, k in specs if (c := candidate(spec, topo, stype, k, inference)) is not None]
+    cands = [c for stype, k in specs if (c := candidate(spec, topo, stype, k, inference)) is not None]
+    return tiered(cands, spec, topo, inference) if tiers else cands
 

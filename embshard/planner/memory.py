@@ -5,6 +5,9 @@ A rank's memory (``topology.hbm_gib``) goes first to two reservations whatever t
 ``topology.reserved_fraction`` of it for dense parameters and activations, and the output
 buffers of the rank's own samples for every table (embeddings and, in training, their
 gradients; they scale with ``topology.batch_size_per_rank``). Shards and replicas get the rest.
+With ``topology.ddr_gib``, shards may keep their weights in host memory instead (tiers); then
+the tables must fit HBM and host memory together (`_check_tiered_totals`, the same memory rows
+as the lower bound's LP), and a shortfall names each memory's separately.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from embshard.planner.search.bound import fitting_columns
 from embshard.planner.search.problem import CandVec, Problem
 from embshard.planner.types import Storage
 from embshard.topology import GIB, Topology
@@ -59,14 +67,30 @@ def check_memory(problem: Problem) -> None:
     _check_fixed_buffers(problem)
     topo, cap = problem.topo, problem.free_bytes
     too_big, worst_io, weights_bound = [], 0, False
+    host_cap = problem.host_cap_bytes
+    no_host_room = []
     for unit in problem.units:
-        best = min(unit.cands, key=lambda cv: max(cv.shard_mem, default=0) + cv.every_mem)
+        cands = [cv for cv in unit.cands if max(cv.shard_host_mem, default=0) <= host_cap]
+        if not cands:  # every layout keeps shards in host memory and none fits (HBM layouts always have host room)
+            least = min(max(cv.shard_host_mem) for cv in unit.cands)
+            no_host_room.append(f"{unit.name} needs {_gib(least)} of host memory on one rank ({_gib(least - host_cap)} over)")
+            continue
+        best = min(cands, key=lambda cv: max(cv.shard_mem, default=0) + cv.every_mem)
         need = max(best.shard_mem, default=0) + best.every_mem
         if need > cap:
             parts = largest_need(best)
             worst_io = max(worst_io, parts.io_bytes)
             weights_bound |= parts.weights_bytes + parts.optimizer_bytes > parts.io_bytes
-            too_big.append(f"{unit.name} needs {_gib(need)} on one rank even as {best.label} ({_kinds(parts)}; {_gib(need - cap)} over)")
+            tiered = [max(cv.shard_host_mem) for cv in unit.cands if cv.shard_host_mem]
+            in_host = (f", and kept in host memory {_gib(min(tiered))} of host memory on one rank (topology.ddr_gib="
+                       f"{topo.ddr_gib:g})" if tiered and min(tiered) > host_cap else "")
+            too_big.append(f"{unit.name} needs {_gib(need)} on one rank even as {best.label} ({_kinds(parts)}; {_gib(need - cap)} over)"
+                           f"{in_host}")
+    if no_host_room:
+        raise PlanInfeasibleError(
+            f"infeasible: {len(no_host_room)} table(s) fit no rank's host memory (topology.ddr_gib={topo.ddr_gib:g} per rank): "
+            f"{'; '.join(no_host_room[:5])}{' ...' if len(no_host_room) > 5 else ''}. Fix: raise topology.ddr_gib, add ranks, "
+            f"or allow row_wise for these tables")
     if too_big:
         # more ranks and finer splits shrink weights; a shard's output buffers grow with the global batch
         weights_fix = (", add ranks, allow row_wise/column_wise for these tables, use dtype fp16 (or int8 when serving), "
@@ -76,6 +100,9 @@ def check_memory(problem: Problem) -> None:
             f"{'; '.join(too_big[:5])}{' ...' if len(too_big) > 5 else ''}. Fix: raise topology.hbm_gib{weights_fix}"
             f"{_batch_fix(problem, problem.base_mem + worst_io)}")
     W = topo.world_size
+    if host_cap:
+        _check_tiered_totals(problem)
+        return
     total = sum(min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units)
     if total > W * cap:
         biggest = sorted(problem.units, key=lambda u: -min(sum(cv.shard_mem) for cv in u.cands))[:3]
@@ -85,6 +112,52 @@ def check_memory(problem: Problem) -> None:
             f"are left for shards ({(total - W * cap) / GIB:.1f} GiB short; largest: {', '.join(u.name for u in biggest)}; "
             f"{budget_text(problem)}). Fix: topology.hbm_gib >= {need_gib:.2f}, more ranks, fp16 tables (int8 when serving), "
             f"a lighter optimizer{_batch_fix(problem, problem.base_mem)}")
+
+
+def _least_total(problem: Problem, minimise_host: bool, columns: list[tuple[int, CandVec]]) -> float | None:
+    """The least cluster-wide HBM (or host memory) bytes of any fractional choice among `columns`
+    that fits the other memory in all and every rank's replicas (the lower bound's memory rows);
+    None if none fits."""
+    W, cap, host_cap = problem.topo.world_size, problem.free_bytes, problem.host_cap_bytes
+    hbm = np.array([float(sum(cv.shard_mem) + W * cv.every_mem) for _, cv in columns])
+    host = np.array([float(sum(cv.shard_host_mem)) for _, cv in columns])
+    every = np.array([float(cv.every_mem) for _, cv in columns])
+    n = len(columns)
+    A_eq = coo_matrix((np.ones(n), ([ui for ui, _ in columns], np.arange(n))), shape=(len(problem.units), n))
+    other, other_cap = (hbm, W * cap) if minimise_host else (host, W * host_cap)
+    res = linprog(host if minimise_host else hbm, A_ub=np.vstack([other, every]), b_ub=[float(other_cap), float(cap)],
+                  A_eq=A_eq, b_eq=np.ones(len(problem.units)), bounds=(0, 1), method="highs")
+    return float(res.fun) if res.status == 0 else None
+
+
+def _check_tiered_totals(problem: Problem) -> None:
+    """With host memory for tables: HBM and host memory of all ranks together must hold the tables
+    (the lower bound's memory rows); if not, name the HBM and the host shortfall separately."""
+    topo = problem.topo
+    W, cap, host_cap = topo.world_size, problem.free_bytes, problem.host_cap_bytes
+    fitting = fitting_columns(problem)
+    least_hbm = _least_total(problem, False, fitting)  # host memory used as far as it goes
+    if least_hbm is not None and least_hbm <= W * cap * (1 + 1e-9):
+        return
+    if least_hbm is None:  # some unit has no layout whose shards fit a rank: reported per table before this
+        least_hbm = sum(min(sum(cv.shard_mem) + W * cv.every_mem for cv in u.cands) for u in problem.units)
+    every = [(ui, cv) for ui, u in enumerate(problem.units) for cv in u.cands]
+    least_host = _least_total(problem, True, every)  # HBM used as far as it goes
+    if least_host is not None and least_host > W * host_cap:
+        host_text = (f"host memory at least {(least_host - W * host_cap) / GIB:.1f} GiB short (with HBM used to the full they need "
+                     f"{least_host / GIB:.1f} GiB of it, {W} ranks x topology.ddr_gib={topo.ddr_gib:g} = "
+                     f"{W * host_cap / GIB:.1f} GiB)")
+    elif least_host is not None:  # enough in all, but the shards that would have to move there do not fit one rank's
+        largest = max((max(cv.shard_host_mem) for _, cv in every if cv.shard_host_mem), default=0)
+        host_text = (f"host memory 0.0 GiB short in all, but a shard kept there needs up to {_gib(largest)} on one rank "
+                     f"(topology.ddr_gib={topo.ddr_gib:g}); allow row_wise for the largest tables")
+    else:
+        host_text = "and even with every table in host memory the caches and buffers do not fit HBM"
+    raise PlanInfeasibleError(
+        f"infeasible: the tables fit neither HBM nor host memory: HBM at least {(least_hbm - W * cap) / GIB:.1f} GiB short (with host "
+        f"memory used to the full they need {least_hbm / GIB:.1f} GiB of it, {W} ranks x {_gib(cap)} = {W * cap / GIB:.1f} GiB "
+        f"left for shards; {budget_text(problem)}); {host_text}. Fix: raise topology.ddr_gib or topology.hbm_gib, more "
+        f"ranks, fp16 tables (int8 when serving), a lighter optimizer")
 
 
 def _check_fixed_buffers(problem: Problem) -> None:
@@ -132,7 +205,16 @@ def fragmentation_message(problem: Problem, unit_index: int) -> str:
 
 
 def check_caps(used: Sequence[Storage], topology: Topology, where: str = "placements") -> None:
-    """Raise PlanInfeasibleError if a rank's shards and buffers exceed its cap (topology.shard_memory_cap_bytes)."""
+    """Raise PlanInfeasibleError if a rank's shards and buffers exceed its cap (topology.shard_memory_cap_bytes),
+    or the shards it keeps in host memory exceed topology.ddr_gib."""
+    host_cap = topology.host_memory_cap_bytes
+    over_host = [(r, s) for r, s in enumerate(used) if s.host_bytes > host_cap]
+    if over_host:
+        listed = "; ".join(f"rank {r} keeps {_gib(s.host_bytes)} in host memory" for r, s in over_host[:5])
+        raise PlanInfeasibleError(
+            f"{where}: {len(over_host)} rank(s) exceed the {_gib(host_cap)} of host memory a rank has for tables "
+            f"(topology.ddr_gib={topology.ddr_gib:g}): {listed}{' ...' if len(over_host) > 5 else ''}. Fix: move shards "
+            f"back to HBM or off these ranks, raise topology.ddr_gib")
     cap = topology.shard_memory_cap_bytes
     over = [(r, s) for r, s in enumerate(used) if s.total_bytes > cap]
     if not over:

@@ -5,7 +5,9 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 2 (written) stores a data-parallel table once, without shards (its ranks
+Schema versions: 3 (written) adds each shard's ``location`` (hbm, uvm_cache, host) and
+``cache_rows``, listed only for shards not in HBM, and per rank ``memory_bytes.host_bytes``;
+2 stores a data-parallel table once, without shards (its ranks
 are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
@@ -21,12 +23,13 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from embshard.fsutil import write_text_atomic
-from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
+from embshard.planner.cost.tiers import check_cache_rows
+from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -214,8 +217,25 @@ SHARD_KEYS = ("rank", "row_offset", "num_rows", "col_offset", "num_cols")
 def _table_dict(t: TablePlacement) -> dict[str, Any]:
     out = {"name": t.name, "sharding_type": t.sharding_type.value, "compute_kernel": t.compute_kernel}
     if not isinstance(t.shards, Replicas):  # a data-parallel table is on every rank: no shards listed
-        out["shards"] = [{k: getattr(s, k) for k in SHARD_KEYS} for s in t.shards]
+        out["shards"] = [_shard_dict(s) for s in t.shards]
     return out
+
+
+def _shard_dict(s: Shard) -> dict[str, Any]:
+    out = {k: getattr(s, k) for k in SHARD_KEYS}
+    if s.location is not Location.HBM:
+        out["location"] = s.location.value
+        out["cache_rows"] = s.cache_rows
+    return out
+
+
+def _shard_from_dict(s: Mapping[str, Any], where: str) -> Shard:
+    """A shard entry; location and cache_rows are optional (hbm, 0: plans before tiers)."""
+    location = Location.parse(s.get("location", "hbm"), f"{where}.location")
+    rows = s.get("cache_rows", 0)
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise ValueError(f"{where}.cache_rows: must be a whole number of rows, got {rows!r}")
+    return Shard(**{k: int(s[k]) for k in SHARD_KEYS}, location=location, cache_rows=rows)
 
 
 def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, TableSpec], topology: Topology,
@@ -229,7 +249,7 @@ def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, Tab
             return TablePlacement(t["name"], stype, t["compute_kernel"], ())
         shards: Sequence[Shard] = Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim)
     else:
-        shards = tuple(Shard(**{k: int(s[k]) for k in SHARD_KEYS}) for s in t["shards"])
+        shards = tuple(_shard_from_dict(s, f"{where}.shards[{j}]") for j, s in enumerate(t["shards"]))
     return TablePlacement(t["name"], stype, t["compute_kernel"], shards)
 
 
@@ -258,6 +278,10 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
                     or s.row_offset + s.num_rows > spec.num_embeddings or s.col_offset + s.num_cols > spec.embedding_dim:
                 raise ValueError(f"{w}.shards[{j}]: block rows [{s.row_offset}, +{s.num_rows}) cols [{s.col_offset}, +{s.num_cols}) "
                                  f"is outside the {spec.num_embeddings}x{spec.embedding_dim} table")
+            check_cache_rows(spec, s.location, s.cache_rows, s.num_rows, f"{w}.shards[{j}]")
+            if s.location is not Location.HBM and topology.ddr_gib == 0:
+                raise ValueError(f"{w}.shards[{j}].location: {s.location.value}, but topology.ddr_gib is 0 (no host memory "
+                                 f"for tables); set topology.ddr_gib or keep the shard in hbm")
         if len(set(t.ranks)) != len(t.ranks):
             raise ValueError(f"{w}.shards: two shards of one table on the same rank {sorted(t.ranks)}")
         if t.sharding_type.within_one_host and len({topology.host_of(r) for r in t.ranks}) != 1:

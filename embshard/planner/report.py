@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.table import Table
 
+from embshard.planner.cost.tiers import shard_hit_rate
 from embshard.planner.plan import ShardingPlan
-from embshard.planner.types import Perf, ShardingType, Storage
+from embshard.planner.types import Location, Perf, ShardingType, Storage
 from embshard.topology import GIB
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ PHASES = (
 )
 assert [p[0] for p in PHASES] == [f.name for f in fields(Perf)]
 MEMORY_PARTS = (("weights_bytes", "weights"), ("optimizer_bytes", "optimizer state"), ("io_bytes", "I/O buffers"))
-assert [p[0] for p in MEMORY_PARTS] == [f.name for f in fields(Storage)]
+assert [p[0] for p in MEMORY_PARTS] == [f.name for f in fields(Storage) if f.name != "host_bytes"]  # host memory apart
 
 
 def shards_per_rank(plan: ShardingPlan) -> list[int]:
@@ -48,8 +49,24 @@ def shards_per_rank(plan: ShardingPlan) -> list[int]:
     return [c + replicated for c in counts]
 
 
+def tiered_tables(plan: ShardingPlan) -> list[tuple[str, str, int, float]]:
+    """(table, location, cache rows, predicted hit rate) of each table with shards out of HBM: the
+    hit rate of its lookups, its shards' rates weighted by the rows (so the ids) each holds."""
+    out = []
+    for t in plan.tables:
+        if t.sharding_type is ShardingType.DATA_PARALLEL or all(s.location is Location.HBM for s in t.shards):
+            continue
+        spec = plan.spec(t.name)
+        locations = sorted({s.location.value for s in t.shards})
+        rows = sum(s.num_rows * s.num_cols for s in t.shards)
+        hit = sum(s.num_rows * s.num_cols * shard_hit_rate(spec, s.location, s.cache_rows, s.num_rows) for s in t.shards) / rows
+        out.append((t.name, "+".join(locations), sum(s.cache_rows for s in t.shards), hit))
+    return out
+
+
 def rank_table(plan: ShardingPlan, max_ranks: int = 64) -> Table:
-    """Per-rank memory and predicted ms by phase, slowest rank first.
+    """Per-rank memory (HBM, and host memory when the topology has it for tables) and predicted
+    ms by phase, slowest rank first.
 
     With more than `max_ranks` ranks, lists the `max_ranks - 1` slowest and the fastest.
     """
@@ -68,6 +85,9 @@ def rank_table(plan: ShardingPlan, max_ranks: int = 64) -> Table:
     table.add_column("shards", justify="right")
     table.add_column(f"mem GiB / {cap_bytes / GIB:.1f}", justify="right")
     table.add_column("mem %", justify="right")
+    host_cap = topo.host_memory_cap_bytes
+    if host_cap:
+        table.add_column(f"host GiB / {host_cap / GIB:.1f}", justify="right")
     for _, header, _ in PHASES:
         table.add_column(header, justify="right")
     table.add_column("total ms", justify="right")
@@ -82,10 +102,11 @@ def rank_table(plan: ShardingPlan, max_ranks: int = 64) -> Table:
             str(shards[r.rank]),
             f"{used / GIB:.2f}",
             f"{100 * used / cap_bytes:.0f}",
+            *([f"{r.storage.host_bytes / GIB:.2f}"] if host_cap else []),
             *(f"{getattr(r.perf, name):.3f}" for name, _, _ in PHASES),
             f"{r.perf.total_ms:.3f}",
             f"{r.perf.total_ms / mean_ms:.2f}" if mean_ms > 0 else "-",
-            style="red" if used > cap_bytes else ("bold" if i == 0 else None),
+            style="red" if used > cap_bytes or r.storage.host_bytes > host_cap else ("bold" if i == 0 else None),
         )
     if len(shown) < len(order):
         table.caption = f"{max_ranks - 1} slowest and the fastest of {len(order)} ranks; all ranks are in the plan JSON and chart"
@@ -131,6 +152,14 @@ def summary(plan: ShardingPlan, planning_s: float | None = None) -> str:
         "sharding: " + ", ".join(f"{name} {n}" for name, n in sharding_type_counts(plan).items())
         + f" ({sum(len(t.shards) for t in plan.tables)} shards)",
     ]
+    if topo.host_memory_cap_bytes:
+        fullest_host = max(plan.ranks, key=lambda r: r.storage.host_bytes)
+        tiered = tiered_tables(plan)
+        lines.append(f"host memory: max {fullest_host.storage.host_bytes / GIB:.2f} of {topo.ddr_gib:g} GiB (rank "
+                     f"{fullest_host.rank}); all ranks {sum(r.storage.host_bytes for r in plan.ranks) / GIB:.2f} GiB; "
+                     f"{len(tiered)} table(s) out of HBM" + (": " if tiered else "")
+                     + ", ".join(f"{name} {where}" + (f" ({rows:,} cache rows, hit rate {percent(hit)})" if rows else "")
+                                 for name, where, rows, hit in tiered))
     search = ", ".join(f"{k}={_value(v)}" for k, v in plan.search.items())
     timing = f"planning {planning_s:.2f} s" if planning_s is not None else ""
     if search or timing:
@@ -171,7 +200,9 @@ def chart(plan: ShardingPlan) -> "Figure":
     width = 0.8 if W <= 64 else 1.0
     fig = Figure(figsize=(max(8.0, min(24.0, 0.25 * W)), 7.5), layout="constrained")
     FigureCanvasAgg(fig)
-    load_ax, mem_ax = fig.subplots(2, 1, sharex=True)
+    host_cap = plan.topology.host_memory_cap_bytes
+    axes = fig.subplots(3 if host_cap else 2, 1, sharex=True)
+    load_ax, mem_ax = axes[0], axes[1]
 
     bottom = [0.0] * W
     for name, _, label in PHASES:
@@ -209,8 +240,18 @@ def chart(plan: ShardingPlan) -> "Figure":
                      f"{percent(used[fullest] / cap_bytes)} of the {cap_bytes / GIB:.3g} GiB cap"
                      f"{'' if cap_in_view else ' (cap off scale)'}", fontsize="medium")
     mem_ax.set_ylabel(f"{unit} per rank")
-    mem_ax.set_xlabel("rank")
     mem_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    if host_cap:
+        host_ax = axes[2]
+        host = [r.storage.host_bytes / GIB for r in plan.ranks]
+        _stacked(host_ax, host, [0.0] * W, width, "weights + optimizer state")
+        host_ax.axhline(host_cap / GIB, color="red", linestyle="--", linewidth=1, label=f"cap {host_cap / GIB:.1f} GiB")
+        host_ax.set_ylim(0, 1.05 * max(host_cap / GIB, max(host)))
+        hits = ", ".join(f"{name} {percent(hit)}" for name, _, rows, hit in tiered_tables(plan)[:6] if rows)
+        host_ax.set_title("host memory (shards out of HBM)" + (f"; predicted hit rates: {hits}" if hits else ""), fontsize="medium")
+        host_ax.set_ylabel("GiB per rank")
+        host_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    axes[-1].set_xlabel("rank")
     mem_ax.xaxis.set_major_locator(FixedLocator(rank_ticks(W)))
     mem_ax.set_xlim(-0.5 - 0.1 * width, W - 0.5 + 0.1 * width)
     return fig

@@ -38,6 +38,23 @@ class ShardingType(str, Enum):
             raise ValueError(f"{where}: unknown sharding type {value!r}; choose from {[t.value for t in cls]}") from None
 
 
+class Location(str, Enum):
+    """Where a shard's weights live: in HBM; in host memory with an HBM cache of its hottest
+    rows (FBGEMM's managed caching, TorchRec's FUSED_UVM_CACHING); or in host memory only
+    (managed, FUSED_UVM). On CPU all three are host memory."""
+
+    HBM = "hbm"
+    UVM_CACHE = "uvm_cache"
+    HOST = "host"
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> "Location":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{where}: unknown location {value!r}; choose from {[t.value for t in cls]}") from None
+
+
 # FBGEMM's table-batched kernel with the optimizer fused into backward; data-parallel
 # tables use plain dense weights whose gradients are all-reduced.
 COMPUTE_KERNEL = {t: ("dense" if t is ShardingType.DATA_PARALLEL else "fused") for t in ShardingType}
@@ -45,13 +62,16 @@ COMPUTE_KERNEL = {t: ("dense" if t is ShardingType.DATA_PARALLEL else "fused") f
 
 @dataclass(frozen=True)
 class Shard:
-    """A block of a table on one rank: rows [row_offset, +num_rows), cols [col_offset, +num_cols)."""
+    """A block of a table on one rank: rows [row_offset, +num_rows), cols [col_offset, +num_cols),
+    kept at `location` (with an HBM cache of cache_rows rows for ``uvm_cache``; 0 otherwise)."""
 
     rank: int
     row_offset: int
     num_rows: int
     col_offset: int
     num_cols: int
+    location: Location = Location.HBM
+    cache_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,14 +113,18 @@ class Perf:
 
 @dataclass(frozen=True)
 class Storage:
-    """Bytes one shard (or a whole rank) holds: weights, optimizer state, I/O buffers."""
+    """Bytes one shard (or a whole rank) holds: in HBM its weights (or their cache), optimizer
+    state and I/O buffers (`total_bytes`); in host memory `host_bytes` (weights and optimizer
+    state of shards kept there, see embshard.planner.cost.storage)."""
 
     weights_bytes: int = 0
     optimizer_bytes: int = 0
     io_bytes: int = 0
+    host_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
+        """HBM bytes (host_bytes apart)."""
         return self.weights_bytes + self.optimizer_bytes + self.io_bytes
 
     def __add__(self, other: "Storage") -> "Storage":
@@ -116,7 +140,8 @@ class Storage:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, int]) -> "Storage":
-        return cls(**{f.name: int(raw[f.name]) for f in fields(cls)})
+        """host_bytes may be absent (plans before tiers: 0)."""
+        return cls(**{f.name: int(raw[f.name]) for f in fields(cls) if f.name != "host_bytes"}, host_bytes=int(raw.get("host_bytes", 0)))
 
 
 @dataclass(frozen=True)
@@ -146,6 +171,8 @@ class Candidate:
     requester: all-to-all time every rank pays as the owner of its own samples.
     every_rank / every_rank_storage: what every rank pays regardless of placement
       (a data-parallel replica, or the buffers for its own samples' outputs).
+    location / cache_fraction: where every shard's weights live, and for ``uvm_cache`` the
+      share of each shard's rows its HBM cache holds (embshard.planner.cost.tiers.cache_rows).
     """
 
     table: str
@@ -156,6 +183,8 @@ class Candidate:
     requester: Perf
     every_rank: Perf
     every_rank_storage: Storage
+    location: Location = Location.HBM
+    cache_fraction: float = 0.0
 
     @property
     def num_shards(self) -> int:
@@ -169,7 +198,10 @@ class Candidate:
     def label(self) -> str:
         short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
                  "table_row_wise": "TWRW", "table_column_wise": "TWCW"}[self.sharding_type.value]
-        return short if self.num_shards <= 1 else f"{short}{self.num_shards}"
+        base = short if self.num_shards <= 1 else f"{short}{self.num_shards}"
+        if self.location is Location.UVM_CACHE:
+            return f"{base}@cache{self.cache_fraction:.0%}"
+        return f"{base}@host" if self.location is Location.HOST else base
 
 
 @dataclass(frozen=True)

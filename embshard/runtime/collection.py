@@ -34,6 +34,7 @@ samples (no gradient to agree on: nothing travels). Such a collection has no tra
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
 from typing import Any, Mapping, Sequence
@@ -44,6 +45,7 @@ from torch import Tensor, nn
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from embshard.planner.plan import ShardingPlan
+from embshard.planner.types import Location
 from embshard.runtime.comm import gather_header, local_part
 from embshard.runtime.dense_replicas import DATA_PARALLEL_MODES, DenseReplicas
 from embshard.runtime.features import Batch, check_batch
@@ -56,6 +58,25 @@ from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_r
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
+
+
+_noted_tiers_on_cpu = False
+
+
+def note_tiers_on_cpu(plan: ShardingPlan, device: torch.device) -> bool:
+    """Warn, once per process, that a plan's uvm_cache/host shards run in host memory like the rest
+    on CPU (there all memory is host memory); True if this call warned."""
+    global _noted_tiers_on_cpu
+    if _noted_tiers_on_cpu or device.type == "cuda":
+        return False
+    tiered = sorted({t.name for t in plan.tables for s in t.shards if s.location is not Location.HBM})
+    if not tiered:
+        return False
+    _noted_tiers_on_cpu = True
+    warnings.warn(f"the plan keeps {len(tiered)} table(s) in host memory or a UVM cache ({', '.join(tiered[:5])}"
+                  f"{' ...' if len(tiered) > 5 else ''}); on CPU all memory is host memory, so they run like the others "
+                  f"(the plan's HBM/host split and hit rates apply on CUDA)", RuntimeWarning, stacklevel=3)
+    return True
 
 
 class _ShardedCollection(nn.Module):
@@ -85,6 +106,7 @@ class _ShardedCollection(nn.Module):
         if len(set(header[:, 0].tolist())) != 1:
             raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
                              f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
+        note_tiers_on_cpu(plan, self.device)
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device), self.inference)
         replicas = self.routing.replicas

@@ -13,6 +13,14 @@ bags to the largest feature's id count): on CPU its unpooled PoolingMode.NONE ke
 ~10x slower in backward, and its variable-batch (VBE) forward grows faster than linearly
 with the number of ids.
 
+Memory tiers: on CUDA each block of an FBGEMM kernel is built at its shard's planned location
+(`fbgemm_locations`): DEVICE for hbm, MANAGED_CACHING for uvm_cache (the kernel's one cache
+sized to the sum of its blocks' planned cache rows, in sets of FBGEMM's associativity), MANAGED
+(host memory, UVM) for host. This path has not run here (no GPU). On CPU every block is HOST:
+all memory is host memory, so a tiered plan runs unchanged (`embshard.runtime.collection` says
+so once). Reading or writing a cached kernel's weights (checkpoints) first flushes the cache's
+updated rows to host memory and empties it, so the weights seen are the rows' latest values.
+
 Both kernels count updates, not forwards (`UpdateCounting`): ``step`` is the number of updates
 applied, and adam's bias correction for the next one uses t = step + 1. Eval and no-grad
 forwards (the kernels are no submodules: ``model.eval()`` does not reach them) change nothing.
@@ -35,8 +43,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor, nn
 
+from embshard.planner.types import Location
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state, state_shapes
-from embshard.runtime.routing import KernelSpec
+from embshard.runtime.routing import KernelSpec, Slot
 
 FBGEMM_OPTIM = {
     "sgd": EmbOptimType.EXACT_SGD,
@@ -45,6 +54,18 @@ FBGEMM_OPTIM = {
     "adam": EmbOptimType.ADAM,
 }
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16}
+CUDA_LOCATION = {Location.HBM: EmbeddingLocation.DEVICE, Location.UVM_CACHE: EmbeddingLocation.MANAGED_CACHING,
+                 Location.HOST: EmbeddingLocation.MANAGED}
+CACHE_ASSOC = 32  # FBGEMM's cache associativity on CUDA (rows per cache set; 64 on ROCm)
+
+
+def fbgemm_locations(blocks: Sequence[Slot], device: torch.device) -> tuple[list[EmbeddingLocation], ComputeDevice, int]:
+    """Each block's EmbeddingLocation, the compute device, and the cache sets its cached blocks'
+    planned rows take (0 without caching). On CPU every block is HOST (no cache)."""
+    if device.type != "cuda":
+        return [EmbeddingLocation.HOST] * len(blocks), ComputeDevice.CPU, 0
+    cached = sum(b.cache_rows for b in blocks if b.location is Location.UVM_CACHE)
+    return [CUDA_LOCATION[b.location] for b in blocks], ComputeDevice.CUDA, -(-cached // CACHE_ASSOC)
 
 
 def fbgemm_optimizers(device: torch.device) -> frozenset[str]:
@@ -110,12 +131,14 @@ class FbgemmKernel(UpdateCounting):
                  device: torch.device) -> None:
         super().__init__(spec.optimizer)
         assert len(set(dtypes)) == 1, "one kernel holds one weight dtype"
-        location, compute = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if device.type == "cuda" else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+        locations, compute, cache_sets = fbgemm_locations(spec.blocks, device)
+        self.cached = cache_sets > 0
         self.pooled = pooled
         assert pooled or len({b.num_cols for b in spec.blocks}) == 1, "a sequence kernel holds blocks of one width"
         self.dim = spec.blocks[0].num_cols
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(b.num_rows, b.num_cols, location, compute) for b in spec.blocks],
+            embedding_specs=[(b.num_rows, b.num_cols, loc, compute) for b, loc in zip(spec.blocks, locations)],
+            cache_sets=cache_sets,
             feature_table_map=list(spec.slot_block),
             optimizer=FBGEMM_OPTIM[spec.optimizer],
             pooling_mode=PoolingMode.SUM,
@@ -141,6 +164,9 @@ class FbgemmKernel(UpdateCounting):
         return _CountUpdate.apply(out, self) if out.requires_grad else out
 
     def block_weights(self) -> list[Tensor]:
+        if self.cached:  # updated rows back to host memory, the cache emptied: the weights are current, writes are seen
+            self.tbe.flush()
+            self.tbe.reset_cache_states()
         return list(self.tbe.split_embedding_weights())
 
     def block_states(self) -> list[dict[str, Tensor]]:

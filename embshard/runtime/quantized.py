@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor, nn
 
-from embshard.runtime.lookup import one_id_bag_rows
+from embshard.runtime.lookup import fbgemm_locations, one_id_bag_rows
 from embshard.runtime.routing import KernelSpec
 
 SPARSE_TYPE = {"fp32": SparseType.FP32, "fp16": SparseType.FP16, "int8": SparseType.INT8}
@@ -33,11 +33,12 @@ class QuantKernel(nn.Module):
         super().__init__()
         assert dtype in SPARSE_TYPE, f"unknown serving dtype {dtype!r}"
         assert pooled or len({b.num_cols for b in spec.blocks}) == 1, "a sequence kernel holds blocks of one width"
-        location = EmbeddingLocation.DEVICE if device.type == "cuda" else EmbeddingLocation.HOST
+        locations, _, cache_sets = fbgemm_locations(spec.blocks, device)  # per block, as planned (on CUDA; HOST on CPU)
         self.pooled, self.dtype, self.dim = pooled, dtype, spec.blocks[0].num_cols
         self.blocks = spec.blocks
         self.tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(b.table, b.num_rows, b.num_cols, SPARSE_TYPE[dtype], location) for b in spec.blocks],
+            embedding_specs=[(b.table, b.num_rows, b.num_cols, SPARSE_TYPE[dtype], loc) for b, loc in zip(spec.blocks, locations)],
+            cache_sets=cache_sets,
             feature_table_map=list(spec.slot_block),
             pooling_mode=PoolingMode.SUM,
             device=device,

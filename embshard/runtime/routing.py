@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from embshard.planner.plan import ShardingPlan, validate_placements
 from embshard.planner.splits import COL_ALIGN
-from embshard.planner.types import ShardingType
+from embshard.planner.types import Location, ShardingType
 from embshard.runtime.optim import OPTIMIZERS
 from embshard.specs import TableSpec
 
@@ -49,6 +49,8 @@ class Slot:
     num_rows: int
     col_offset: int
     num_cols: int
+    location: Location = Location.HBM  # where the shard's rows live (a kernel may mix locations)
+    cache_rows: int = 0  # its planned HBM cache (uvm_cache)
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def build_routing(
             for shard in placement.shards:
                 bucket = row_blocks.index(shard) if row_blocks else 0
                 slots.append(Slot(fi, spec.name, shard.rank, bucket, shard.row_offset, shard.num_rows,
-                                  shard.col_offset, shard.num_cols))
+                                  shard.col_offset, shard.num_cols, shard.location, shard.cache_rows))
     num_buckets = max(len(b) for b in bounds)
     bucket_bounds = tuple(tuple(b + [f.num_embeddings] * (num_buckets + 1 - len(b))) for b, f in zip(bounds, features))
     by_name = {s.name: s for s in specs}

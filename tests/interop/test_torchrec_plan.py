@@ -156,7 +156,10 @@ def test_mixed_pooled_and_sequence_need_two_module_paths():
 def test_from_torchrec_rejects_offloaded_kernels_and_missing_tables(plan):
     tr = to_torchrec_plan(plan)
     tr.plan[""]["tw"] = dataclasses.replace(tr.plan[""]["tw"], compute_kernel="fused_uvm_caching")
-    with pytest.raises(ValueError, match="'tw'.*fused_uvm_caching.*HBM-resident"):
+    with pytest.raises(ValueError, match="'tw'.*fused_uvm_caching without cache_params.load_factor"):
+        from_torchrec_plan(tr, SPECS, TOPO)
+    tr.plan[""]["tw"] = dataclasses.replace(tr.plan[""]["tw"], compute_kernel="key_value")
+    with pytest.raises(ValueError, match="'tw'.*compute kernel 'key_value'; embshard models 'fused'"):
         from_torchrec_plan(tr, SPECS, TOPO)
     with pytest.raises(ValueError, match=r"missing \['extra'\]"):
         from_torchrec_plan(to_torchrec_plan(plan), SPECS + (TableSpec("extra", 10, 8),), TOPO)

@@ -113,7 +113,7 @@ def test_costs_and_memory_match_the_documented_formulas_by_hand():
         # weights and state of its table; its shard's ids, lengths, outputs and gradients; every rank's own outputs and gradients
         held_io = 8 * P * 8 + 8 * 4 + 2 * out
         assert p.ranks[holder[name]].storage.to_dict() == {"weights_bytes": 1000 * row, "optimizer_bytes": 1000 * state,
-                                                           "io_bytes": held_io + 2 * 2 * (4 * 16 * 4),
+                                                           "io_bytes": held_io + 2 * 2 * (4 * 16 * 4), "host_bytes": 0,
                                                            "total_bytes": 1000 * (row + state) + held_io + 4 * 256}
     assert p.max_rank_ms == pytest.approx(sum(expected(2.0).values()), rel=1e-12)  # a's holder is the slowest
 

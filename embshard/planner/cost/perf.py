@@ -24,6 +24,9 @@ half-duplex ones). Traffic between a rank and the other ranks is spread uniforml
 the host (intra-host bandwidth), (W-L)/W crosses hosts (one NIC per rank). Lookups are
 memory-bound: bytes moved / HBM bandwidth, with rows rounded up to 32-byte sectors. Ids are
 assumed spread uniformly over rows (a row shard with n of N rows gets n/N of the ids).
+Shards kept in host memory (``host``) or cached (``uvm_cache``) move their rows' bytes at
+``ddr_gb_per_s`` instead, a cache's misses by the hit rate of its table's ``hot_rows``
+curve, with the fetches and evictions stated in embshard.planner.cost.tiers.
 
 Calibrated terms (Topology.CALIBRATED_TERMS, all 0 in the datasheet model; fitted by
 embshard-calibrate) add the work a machine was measured to spend beyond moving bytes:
@@ -52,7 +55,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from embshard.planner.types import Perf, ShardingType
+from embshard.planner.cost.tiers import hit_rate
+from embshard.planner.types import Location, Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -108,19 +112,36 @@ def allreduce_ms(num_bytes: float, topo: Topology) -> float:
     return (intra + inter) * (1 if topo.full_duplex else 2)  # each rank sends and receives as much
 
 
-def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float) -> tuple[float, float]:
-    """(forward, backward) ms of a fused TBE lookup of num_ids ids into an n x d shard."""
+def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float,
+               location: Location = Location.HBM, num_cache_rows: int = 0) -> tuple[float, float]:
+    """(forward, backward) ms of a fused TBE lookup of num_ids ids into an n x d shard at `location`
+    (embshard.planner.cost.tiers: rows in host memory move at ddr_gb_per_s)."""
     rb = row_bytes(spec, num_cols)
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
-    fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
     unique_rows = min(num_ids, num_rows)
     opt = spec.optimizer_state_bytes_per_row(num_cols)
-    # backward: read output grads, sort ids, accumulate per-id grads, then read+write each
-    # touched row and its optimizer state.
-    bwd_bytes = out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * (rb + opt)
     fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, num_rows, num_cols)
     out_ms = _ns(out_bytes, topo.lookup_ns_per_out_byte)
-    return fwd + fwd_extra + out_ms, _ms(bwd_bytes, topo.hbm_gb_per_s) + bwd_extra + out_ms
+    if location is Location.HBM:
+        fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
+        # backward: read output grads, sort ids, accumulate per-id grads, then read+write each
+        # touched row and its optimizer state.
+        bwd_bytes = out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * (rb + opt)
+        return fwd + fwd_extra + out_ms, _ms(bwd_bytes, topo.hbm_gb_per_s) + bwd_extra + out_ms
+    if location is Location.HOST:  # every row read, and updated with its optimizer state, across the host link
+        fwd = _ms(num_ids * ID_BYTES + out_bytes, topo.hbm_gb_per_s) + _ms(num_ids * rb, topo.ddr_gb_per_s)
+        bwd = (_ms(out_bytes + num_ids * (2 * ID_BYTES + rb), topo.hbm_gb_per_s)
+               + _ms(unique_rows * 2 * (rb + opt), topo.ddr_gb_per_s))
+        return fwd + fwd_extra + out_ms, bwd + bwd_extra + out_ms
+    # uvm_cache: misses fetched from host memory into the cache, lookups then read the cache;
+    # backward updates cached rows in HBM, their optimizer state in host memory, and writes
+    # back the rows the fetches evicted
+    misses = (1.0 - hit_rate(spec, num_cache_rows, num_rows)) * expected_distinct_rows(num_ids, num_rows)
+    fwd = (_ms(num_ids * (ID_BYTES + rb) + out_bytes + misses * rb, topo.hbm_gb_per_s)
+           + _ms(misses * rb, topo.ddr_gb_per_s))
+    bwd = (_ms(out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * rb + misses * rb, topo.hbm_gb_per_s)
+           + _ms(unique_rows * 2 * opt + misses * rb, topo.ddr_gb_per_s))
+    return fwd + fwd_extra + out_ms, bwd + bwd_extra + out_ms
 
 
 def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int) -> tuple[float, float]:
@@ -147,8 +168,9 @@ def _assemble_ms(spec: TableSpec, topo: Topology, out_bytes: float, num_ids: flo
     return _ns(out_bytes, topo.dist_ns_per_byte) + (0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id))
 
 
-def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int, num_shards: int) -> Perf:
-    """Time the rank holding one shard spends on it."""
+def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int, num_shards: int,
+                location: Location = Location.HBM, num_cache_rows: int = 0) -> Perf:
+    """Time the rank holding one shard (at `location`, with a cache of num_cache_rows rows) spends on it."""
     assert stype is not ShardingType.DATA_PARALLEL
     G, F = topo.global_batch_size, spec.num_features
     ids_total = G * spec.pooling_factor * F
@@ -159,7 +181,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     else:
         out_rows = ids
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
-    fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows)
+    fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
     if stype.splits_rows and spec.pooled:
         # partial sums are first reduce-scattered among the row shards that share a host,
@@ -328,7 +350,8 @@ def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
         k = len(t.shards)
         requester = requester + requester_perf(spec, topo, t.sharding_type, k)
         for s in t.shards:
-            held[s.rank] = held[s.rank] + holder_perf(spec, topo, t.sharding_type, s.num_rows, s.num_cols, k)
+            held[s.rank] = held[s.rank] + holder_perf(spec, topo, t.sharding_type, s.num_rows, s.num_cols, k,
+                                                      s.location, s.cache_rows)
     collections = num_collections(specs)
     return [rank_perf(held[r], requester, every, fixed_perf(topo, collections, calls), topo)
             for r, calls in enumerate(kernel_calls_per_rank(specs, placements, W))]

@@ -9,6 +9,11 @@ rank also holds its own samples' outputs and their gradients for every table (re
 side). A per-rank reservation for dense parameters and activations is set by
 `Topology.reserved_fraction`.
 
+Tiers (embshard.planner.cost.tiers): a ``uvm_cache`` shard holds in HBM its cache (cache_rows
+rows of weights and CACHE_SLOT_BYTES of cache state per row) and its I/O buffers; its weights
+and optimizer state are in host memory (`Storage.host_bytes`; FBGEMM keeps the optimizer state
+of managed tables there, uncached). A ``host`` shard holds only its I/O buffers in HBM.
+
 Outputs (and their gradients) are fp32 whatever the weights' dtype (perf.OUTPUT_BYTES).
 ``inference`` (serving, forward only): no optimizer state, no gradients.
 """
@@ -16,7 +21,8 @@ Outputs (and their gradients) are fp32 whatever the weights' dtype (perf.OUTPUT_
 from __future__ import annotations
 
 from embshard.planner.cost.perf import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
-from embshard.planner.types import ShardingType, Storage
+from embshard.planner.cost.tiers import CACHE_SLOT_BYTES
+from embshard.planner.types import Location, ShardingType, Storage
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -27,17 +33,18 @@ def _output_copies(inference: bool) -> int:
 
 
 def holder_storage(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int,
-                   inference: bool = False) -> Storage:
+                   inference: bool = False, location: Location = Location.HBM, num_cache_rows: int = 0) -> Storage:
     assert stype is not ShardingType.DATA_PARALLEL
     G, F = topo.global_batch_size, spec.num_features
     ids = G * spec.pooling_factor * F * num_rows / spec.num_embeddings
     out_rows = G * F if spec.pooled else ids
     io = ids * ID_BYTES + G * F * LENGTH_BYTES + _output_copies(inference) * out_rows * num_cols * OUTPUT_BYTES
-    return Storage(
-        weights_bytes=num_rows * spec.row_bytes(num_cols),
-        optimizer_bytes=0 if inference else num_rows * spec.optimizer_state_bytes_per_row(num_cols),
-        io_bytes=int(io),
-    )
+    weights = num_rows * spec.row_bytes(num_cols)
+    optimizer = 0 if inference else num_rows * spec.optimizer_state_bytes_per_row(num_cols)
+    if location is Location.HBM:
+        return Storage(weights_bytes=weights, optimizer_bytes=optimizer, io_bytes=int(io))
+    cache = num_cache_rows * (spec.row_bytes(num_cols) + CACHE_SLOT_BYTES) if location is Location.UVM_CACHE else 0
+    return Storage(weights_bytes=cache, io_bytes=int(io), host_bytes=weights + optimizer)
 
 
 def requester_storage(spec: TableSpec, topo: Topology, inference: bool = False) -> Storage:

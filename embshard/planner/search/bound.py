@@ -7,8 +7,10 @@ all-to-all phase p, z is the bound. Any feasible plan satisfies:
   the slowest rank is at least the average rank, and max(H, U) is convex (Jensen);
 - z >= the largest shard of u's candidate plus its every-rank time and base_ms, for every u;
 - sum of all candidates' bytes <= W * per-rank cap, and the data-parallel replicas
-  (held by every rank) <= one rank's cap.
-Candidates whose largest shard cannot fit any rank are excluded. Solved with HiGHS within a
+  (held by every rank) <= one rank's cap; likewise the host-memory bytes of shards kept in
+  host memory (tiers) <= W * per-rank host cap.
+Candidates whose largest shard cannot fit any rank (HBM or host memory) are excluded. A
+shard's location and cache size are part of its candidate, so the bound covers them. Solved with HiGHS within a
 time limit; when it runs out, `quick_bound_ms` (each unit's cheapest candidate per term,
 no memory rows: a relaxation of the same LP, so also a valid bound) is used instead.
 """
@@ -24,18 +26,18 @@ from scipy.sparse import coo_matrix
 from embshard.planner.search.problem import CandVec, Problem
 
 
-def _columns(problem: Problem) -> list[tuple[int, CandVec]]:
+def fitting_columns(problem: Problem) -> list[tuple[int, CandVec]]:
     """(unit, candidate) for every candidate whose largest shard fits a rank."""
-    cap = problem.free_bytes
+    cap, host_cap = problem.free_bytes, problem.host_cap_bytes
     return [(ui, cv) for ui, unit in enumerate(problem.units) for cv in unit.cands
-            if max(cv.shard_mem, default=0) + cv.every_mem <= cap]
+            if max(cv.shard_mem, default=0) + cv.every_mem <= cap and max(cv.shard_host_mem, default=0) <= host_cap]
 
 
 def quick_bound_ms(problem: Problem) -> float:
     """The LP's average-rank and largest-shard rows with each term at its unit's cheapest candidate."""
     W = problem.topo.world_size
     best: dict[int, list[float]] = {}  # unit -> least (compute/W + every, req_0..2, holder_0..2 / W, largest shard + every)
-    for ui, cv in _columns(problem):
+    for ui, cv in fitting_columns(problem):
         h = cv.holder_sums
         terms = [h[3] / W + cv.every_ms, *cv.req_vec, *(x / W for x in h[:3]), max(cv.shard_cost, default=0.0) + cv.every_ms]
         old = best.get(ui)
@@ -50,7 +52,7 @@ def lower_bound_ms(problem: Problem, time_limit_s: float = float("inf")) -> tupl
     (the limit covers building the LP too: on large problems that is a good part of it)."""
     start = time.perf_counter()
     W, cap = problem.topo.world_size, problem.free_bytes
-    cols = _columns(problem)
+    cols = fitting_columns(problem)
     n_y = len(cols)
     M0, Z = n_y, n_y + 3  # column indexes of m_0..m_2 and z
     rows, cidx, vals, b_ub = [], [], [], []
@@ -98,6 +100,11 @@ def lower_bound_ms(problem: Problem, time_limit_s: float = float("inf")) -> tupl
         add(row, j, float(cv.every_mem))
     b_ub.append(float(cap))
     row += 1
+    if any(cv.shard_host_mem for _, cv in cols):  # host memory of the whole cluster
+        for j, (_, cv) in enumerate(cols):
+            add(row, j, float(sum(cv.shard_host_mem)))
+        b_ub.append(float(W) * problem.host_cap_bytes)
+        row += 1
 
     n = n_y + 4
     A_ub = coo_matrix((vals, (rows, cidx)), shape=(row, n)).tocsr()

@@ -73,22 +73,27 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
     if len(ranks) < cv.num_shards:
         return None
     room = state.problem.cap_bytes - state.UM - cv.every_mem
-    mem = state.mem
+    mem, host, host_room = state.mem, state.host, state.problem.host_cap_bytes
+    hm = cv.shard_host_mem
+
+    def fits(r: int, i: int) -> bool:
+        return mem[r] + cv.shard_mem[i] <= room and (not hm or host[r] + hm[i] <= host_room)
+
     k = cv.num_shards
     out = [-1] * k
-    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room:  # the k cheapest have room for any shard
+    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room and (
+            not hm or max(map(host.__getitem__, ranks[:k])) + max(hm) <= host_room):  # the k cheapest have room for any shard
         for i, r in zip(order, ranks):
             out[i] = r
         order = ()
     pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:
-        need = cv.shard_mem[i]
         for j, r in enumerate(skipped):
-            if mem[r] + need <= room:
+            if fits(r, i):
                 out[i] = skipped.pop(j)
                 break
         else:
-            while pos < len(ranks) and mem[ranks[pos]] + need > room:
+            while pos < len(ranks) and not fits(ranks[pos], i):
                 skipped.append(ranks[pos])
                 pos += 1
             if pos == len(ranks):
@@ -98,7 +103,7 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
     if state.problem.rank_ordered_rows and cv.cand[0].sharding_type.splits_rows:
         # row block i on the i-th of the chosen ranks (TorchRec's layout); blocks differ only in the last
         out = sorted(out)
-        if any(mem[r] + cv.shard_mem[i] > room for i, r in enumerate(out)):
+        if not all(fits(r, i) for i, r in enumerate(out)):
             return None
     return tuple(out)
 
@@ -119,7 +124,8 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     W = problem.topo.world_size
     min_work = [min(cv.work_ms + W * cv.every_ms for cv in problem.units[u].cands) for u in range(len(problem.units))]
     remaining = sum(min_work)
-    # bytes the units still to place need at the least, in all: a replica must leave room for them
+    # HBM bytes the units still to place need at the least, in all: a replica (with tiers, any layout) must leave room for them
+    tiers = problem.host_cap_bytes > 0
     min_mem = {u: min(sum(cv.shard_mem) + W * cv.every_mem for cv in problem.units[u].cands) for u in order}
     remaining_mem = sum(min_mem.values())
     total = 0.0
@@ -137,8 +143,9 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
                 if only_one_shard and cv.num_shards > 1:
                     continue
                 pick = place(state, unit, cv, by_cost, costs)
-                if pick is None or (cv.every_mem and W * (state.UM + cv.every_mem) + sum(state.mem) + remaining_mem
-                                    > W * problem.cap_bytes):
+                # a replica (and, with host memory for tables, any layout) must leave HBM for the rest
+                if pick is None or ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + sum(state.mem)
+                                    + sum(cv.shard_mem) + remaining_mem > W * problem.cap_bytes):
                     continue
                 shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
                 touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)

@@ -3,7 +3,7 @@
 Binary y[u,c] picks candidate c for unit u; binary a[u,c,r] puts one of its shards on rank
 r (sum_r a = k*y); host-bound candidates pick one host h[u,c,H] and keep their shards on
 it. Rank r's time is sum_p m[r,p] + compute + every-rank time <= z with m[r,p] >= its
-holder side and >= the requester side U_p; memory per rank <= cap. Shards of one candidate
+holder side and >= the requester side U_p; HBM and host memory per rank <= their caps. Shards of one candidate
 are modelled with their component-wise smallest cost and bytes, which makes the model a
 relaxation: its dual bound is a valid lower bound, and its solution is re-costed exactly
 and polished by local search before it may replace the heuristic plan.
@@ -112,12 +112,14 @@ def improve_with_ilp(problem: Problem, state: RankState, deadline: float) -> tup
             add(M + 3 * r + p, -1.0)
             close(-np.inf, 0.0)
         # time: sum_p m + compute + every-rank <= z ; memory <= cap
-        mem_row_terms = []
+        mem_row_terms, host_row_terms = [], []
         for key, j in index.items():
             cv = problem.units[key[1]].cands[key[2]]
             if key[0] == "a" and key[3] == r:
                 add(j, vec_min(cv, 3))
                 mem_row_terms.append((j, float(min(cv.shard_mem))))
+                if cv.shard_host_mem:
+                    host_row_terms.append((j, float(min(cv.shard_host_mem))))
             elif key[0] == "y" and cv.every_ms:
                 add(j, cv.every_ms)
             if key[0] == "y" and cv.every_mem:
@@ -129,6 +131,10 @@ def improve_with_ilp(problem: Problem, state: RankState, deadline: float) -> tup
         for j, v in mem_row_terms:
             add(j, v)
         close(-np.inf, float(problem.free_bytes))
+        if host_row_terms:
+            for j, v in host_row_terms:
+                add(j, v)
+            close(-np.inf, float(problem.host_cap_bytes))
 
     A = coo_matrix((vals, (rows, cidx)), shape=(row, n)).tocsr()
     c = np.zeros(n)
@@ -159,6 +165,7 @@ def improve_with_ilp(problem: Problem, state: RankState, deadline: float) -> tup
         new.add(ui, ci, ranks)
     new, _ = local_search(new, deadline + 1.0)
     status = "optimal" if res.status == 0 else "time limit"
-    if _objective(new) < heuristic - 1e-9 and all(new.mem[r] + new.UM <= problem.cap_bytes for r in range(W)):
+    if _objective(new) < heuristic - 1e-9 and all(new.mem[r] + new.UM <= problem.cap_bytes
+                                                          and new.host[r] <= problem.host_cap_bytes for r in range(W)):
         return new, bound, f"ilp({status}, improved)"
     return None, bound, f"ilp({status}, no improvement)"

@@ -54,7 +54,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
             if q == r or not _allowed(state, ui, si, r, q):
                 continue
             tried += 1
-            if state.fits(q, m):
+            if state.fits(q, m, cv.host_mem(si)):
                 val = max(new_r, state.cost_with(q, v, 1, kernels))
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q)
@@ -72,6 +72,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     cmax = costs[r]
     units = state.problem.units
     cap = state.problem.cap_bytes - state.UM
+    host_cap = state.problem.host_cap_bytes
     mine = sorted(state.held[r].items(), key=lambda it: -units[it[0]].cands[state.choice[it[0]][0]].shard_cost[it[1]])[:SWAP_SHARDS]
     best = None
     for q in by_cost[:SWAP_RANKS]:
@@ -91,6 +92,9 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
                     continue
                 mw = cw.shard_mem[sj]
                 if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
+                    continue
+                hi, hj = cv.host_mem(si), cw.host_mem(sj)
+                if (hi or hj) and (state.host[q] - hj + hi > host_cap or state.host[r] - hi + hj > host_cap):
                     continue
                 w = cw.shard_vec[sj]
                 k_i = cv.shard_kernels[si] if cv.shard_kernels else ()
@@ -207,7 +211,7 @@ def rank_order_rows(state: RankState, deadline: float = float("inf")) -> bool:
         cmax = max(state.costs())
         state.remove(ui)
         ordered = tuple(sorted(ranks))
-        if all(state.fits(r, cv.shard_mem[i]) for i, r in enumerate(ordered)):
+        if all(state.fits_shard(r, cv, i) for i, r in enumerate(ordered)):
             state.add(ui, ci, ordered)
             if max(state.costs()) <= cmax + EPS:
                 continue

@@ -2,7 +2,8 @@
 
 A *unit* is what the search places: one table, or a keep_together group of tables placed
 table-wise on one rank. Each candidate is flattened to plain floats for speed:
-shard vector (input, output fwd, output bwd, compute) in ms, shard bytes, the requester
+shard vector (input, output fwd, output bwd, compute) in ms, shard bytes (HBM, and host
+memory for shards kept there: embshard.planner.cost.tiers), the requester
 vector every rank pays on its all-to-all phases, the every-rank compute and bytes.
 
 A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E + c * K  over the three
@@ -49,6 +50,11 @@ class CandVec:
     data_parallel: bool
     shard_kernels: tuple[tuple[int, ...], ...] = ()  # per shard: the lookup kernels it runs in (when they cost)
     every_kernels: tuple[int, ...] = ()  # kernels every rank runs for it (data-parallel)
+    shard_host_mem: tuple[int, ...] = ()  # per shard: host-memory bytes (empty: none, every shard in HBM)
+
+    def host_mem(self, i: int) -> int:
+        """Host-memory bytes of shard i."""
+        return self.shard_host_mem[i] if self.shard_host_mem else 0
 
     @property
     def num_shards(self) -> int:
@@ -94,7 +100,7 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         key = key_of(parts)
         if key not in flat:
             vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
-            flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts))
+            flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts), sum(sc.storage.host_bytes for sc in parts))
     per_shard = [flat[k] for k in keys]
     vecs = [f[0] for f in per_shard]
     req = [0.0, 0.0, 0.0]
@@ -117,8 +123,10 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
             blocks = [c.blocks for c in cands]
             shard_kernels = tuple(tuple(sorted({kernel_index(kernel_group(s, st, b[i].num_cols)) for s, b in zip(specs, blocks)}))
                                   for i in range(len(per_shard)))
+    host_mem = tuple(f[3] for f in per_shard) if any(f[3] for f in per_shard) else ()
     return CandVec(tuple(cands), tuple(vecs), tuple(f[1] for f in per_shard), tuple(f[2] for f in per_shard), tuple(req),
-                   every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL, shard_kernels, every_kernels)
+                   every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL, shard_kernels, every_kernels,
+                   host_mem)
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,7 @@ class Problem:
     inference: bool = False  # forward-only costs and storage (serving)
     rank_ordered_rows: bool = False  # row blocks go to their ranks in rank order (TorchRec's layout: torchrec_compatible)
     unsplit_for_time: int = 0  # tables offered no splits because enumeration ran past its deadline
+    host_cap_bytes: int = 0  # host memory per rank for shards kept there (topology.ddr_gib)
 
     @property
     def free_bytes(self) -> int:
@@ -155,9 +164,12 @@ FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the 
 
 
 def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints,
-                  inference: bool) -> tuple[set[str], set[str], dict[str, int]]:
+                  inference: bool) -> tuple[set[str], set[str], dict[str, int], set[str]]:
     """Tables big enough (in predicted time or bytes, whole) for splitting to matter, the
-    subset too big in bytes to be left whole, and per table the most row blocks worth offering:
+    subset too big in bytes to be left whole, per table the most row blocks worth offering,
+    and the tables offered host memory and caches (with topology.ddr_gib: those whose bytes
+    whole take FINEST_BLOCK of a rank's memory or more; smaller ones free too little HBM).
+    Row blocks:
     twice the count whose blocks take FINEST_BLOCK of the average rank load or of a rank's memory
     (finer blocks cannot balance anything; without it 1,024 ranks offer 1,024-way splits of
     every big table, most of the candidates' shards)."""
@@ -173,7 +185,8 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     cap = topo.shard_memory_cap_bytes
     row_limit = {n: 2 * math.ceil(max(ms / max(FINEST_BLOCK * avg_ms, 1e-300), b / (FINEST_BLOCK * cap)))
                  for n, (ms, b) in whole.items() if n in worthy}
-    return worthy, must, row_limit
+    tierable = {s.name for s in specs if s.name not in whole or whole[s.name][1] >= FINEST_BLOCK * cap} if topo.ddr_gib else set()
+    return worthy, must, row_limit, tierable
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
@@ -183,7 +196,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     Past `deadline`, tables still to enumerate are offered splits only if too big to keep
     whole (``Problem.unsplit_for_time`` counts the others)."""
     by_name = {s.name: s for s in specs}
-    worthy, must_split, row_limit = _split_worthy(specs, topo, constraints, inference)
+    worthy, must_split, row_limit, tierable = _split_worthy(specs, topo, constraints, inference)
     if torchrec_compatible:  # row_wise only over all ranks
         row_limit = {}
     unsplit_for_time = 0
@@ -208,7 +221,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
                 splits, unsplit_for_time = False, unsplit_for_time + 1
             cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
                 tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
-                row_limit.get(tables[0].name)))
+                row_limit.get(tables[0].name), tables[0].name in tierable))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
@@ -223,7 +236,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     fixed = fixed_perf(topo, num_collections(specs), 0)
     base_ms = (forward_only(fixed) if inference else fixed).total_ms
     return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms, inference, torchrec_compatible,
-                   unsplit_for_time)
+                   unsplit_for_time, topo.host_memory_cap_bytes)
 
 
 class RankState:
@@ -234,6 +247,7 @@ class RankState:
         self.problem = problem
         self.H = [[0.0, 0.0, 0.0, 0.0] for _ in range(W)]
         self.mem = [0] * W
+        self.host = [0] * W  # host-memory bytes of the shards kept there
         self.U = [0.0, 0.0, 0.0]
         self.E = problem.base_ms
         self.UM = problem.base_mem
@@ -257,6 +271,7 @@ class RankState:
         new.Hn = self.Hn.copy()
         new.num_kernels = self.num_kernels.copy()
         new.mem = list(self.mem)
+        new.host = list(self.host)
         new.U = list(self.U)
         new.E, new.UM = self.E, self.UM
         new.held = [dict(h) for h in self.held]
@@ -315,8 +330,13 @@ class RankState:
             work, c = work[idx], c[idx]
         return idx[np.lexsort((work, c))].tolist()
 
-    def fits(self, r: int, extra_bytes: int) -> bool:
-        return self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
+    def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
+        return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
+                and (not extra_host_bytes or self.host[r] + extra_host_bytes <= self.problem.host_cap_bytes))
+
+    def fits_shard(self, r: int, cv: CandVec, i: int) -> bool:
+        """Rank r has room (HBM and host memory) for shard i of cv."""
+        return self.fits(r, cv.shard_mem[i], cv.host_mem(i))
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
@@ -327,6 +347,8 @@ class RankState:
             for p in range(4):
                 h[p] += sign * v[p]
             self.mem[r] += sign * cv.shard_mem[i]
+            if cv.shard_host_mem:
+                self.host[r] += sign * cv.shard_host_mem[i]
             if sign > 0:
                 self.held[r][ui] = i
             else:
@@ -357,6 +379,9 @@ class RankState:
         self.Hn[dst] += v
         self.mem[src] -= m
         self.mem[dst] += m
+        if cv.shard_host_mem:
+            self.host[src] -= cv.shard_host_mem[shard]
+            self.host[dst] += cv.shard_host_mem[shard]
         if cv.shard_kernels:
             self.num_kernels[src] += _count(self.kernels[src], cv.shard_kernels[shard], -1)
             self.num_kernels[dst] += _count(self.kernels[dst], cv.shard_kernels[shard], 1)
