@@ -29,12 +29,13 @@ def test_round_trip_is_identical(a_plan, tmp_path):
 
 def test_json_has_the_documented_fields(a_plan):
     raw = json.loads(a_plan.to_json())
-    assert raw["schema_version"] == 2 and raw["input_hash"].startswith("sha256:")
+    assert raw["schema_version"] == 3 and raw["input_hash"].startswith("sha256:")
     kinds = {t["sharding_type"] for t in raw["tables"]}
     assert "data_parallel" in kinds and len(kinds) > 1
     for t in raw["tables"]:
-        if t["sharding_type"] == "data_parallel":  # stored once: its ranks are all ranks
-            assert set(t) == {"name", "sharding_type", "compute_kernel"}
+        if t["sharding_type"] == "data_parallel":  # stored once: its ranks are all ranks; with its mode
+            assert set(t) == {"name", "sharding_type", "compute_kernel", "data_parallel_mode"}
+            assert t["data_parallel_mode"] in ("allreduce", "replicated_lookup")
         else:
             assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
             assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
@@ -58,7 +59,7 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     raw_v1 = json.loads(V1_FILE.read_text())
     assert raw_v1["schema_version"] == 1
     v2_text = v1.to_json()
-    assert json.loads(v2_text)["schema_version"] == 2
+    assert json.loads(v2_text)["schema_version"] == 3
     v2 = ShardingPlan.from_json(v2_text)
     assert v2 == v1 and v2.input_hash == v1.input_hash == raw_v1["input_hash"]
     assert v2.max_rank_ms == raw_v1["objective_ms"]
@@ -71,6 +72,20 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     assert {t["name"]: t["shards"] for t in json.loads(v2_text)["tables"] if "shards" in t} == others
 
 
+V2_FILE = Path(__file__).parent / "data" / "plan_v2.json"  # written by embshard at a549129 (schema version 2)
+
+
+def test_version_2_file_loads_with_its_topology_data_parallel_mode():
+    """v2 records no per-table mode: its data-parallel tables train as its topology says, as they did."""
+    raw = json.loads(V2_FILE.read_text())
+    assert raw["schema_version"] == 2 and raw["topology"]["replicated_dp_lookup"] is True
+    v2 = ShardingPlan.load(V2_FILE)
+    modes = {t.name: t.data_parallel_mode for t in v2.tables}
+    assert modes == {"big": "replicated_lookup", "tiny": "replicated_lookup", "tw": None}
+    v3 = ShardingPlan.from_json(v2.to_json())
+    assert v3 == v2 and json.loads(v2.to_json())["schema_version"] == 3
+
+
 def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
     specs = [TableSpec(f"t{i}", 1000, 16) for i in range(20)]
     sizes = {}
@@ -80,7 +95,7 @@ def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
         assert isinstance(p.tables[0].shards, Replicas) and len(p.tables[0].shards) == W
         assert ShardingPlan.from_json(p.to_json()) == p
         sizes[W] = len(json.dumps(json.loads(p.to_json())["tables"]))
-    assert sizes[512] == sizes[8] < 2000
+    assert sizes[512] == sizes[8] < 2600
 
 
 def _first(kind_is_dp: bool):
@@ -94,7 +109,9 @@ def _first(kind_is_dp: bool):
     (lambda d: d["tables"][0].update(sharding_type="diagonal"), "unknown sharding type 'diagonal'"),
     (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
-    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 2"),
+    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 3"),
+    (lambda d: _first(True)(d).update(data_parallel_mode="sometimes"), "data_parallel_mode: 'sometimes'"),
+    (lambda d: _first(False)(d).update(data_parallel_mode="allreduce"), "only data_parallel tables have one"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())
