@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from embshard.planner.types import ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
-from embshard.topology import Topology
+from embshard.topology import DATA_PARALLEL_MODES, Topology
 from local_ranks import run_script_ranks
 
 ST = ShardingType
@@ -49,6 +50,9 @@ COMMAND = ".venv/bin/python benchmarks/runtime_vs_torchrec.py --out benchmarks/r
 POOLED = [TableSpec(f"p{i}", rows, dim, pf, feature_names=(f"pf{i}",), optimizer="rowwise_adagrad")
           for i, (rows, dim, pf) in enumerate([(200_000, 64, 20), (100_000, 64, 10), (50_000, 128, 15), (400_000, 64, 25),
                                                (20_000, 32, 5), (150_000, 64, 30), (10_000, 128, 8), (80_000, 64, 12)])]
+# criteo_small's tables of at most 15,000 rows (embshard/configs/tables/criteo_small.yaml): small replicas
+SMALL = [TableSpec(f"c{i}", rows, 16, 1.0, feature_names=(f"cf{i}",), optimizer="rowwise_adagrad")
+         for i, rows in enumerate([1460, 583, 305, 24, 12517, 633, 3, 5683, 3194, 27, 14992, 10, 5652, 2173, 4, 18, 15, 105])]
 SEQUENCE = [TableSpec(f"s{i}", rows, 64, pf, pooled=False, feature_names=(f"sf{i}",), optimizer="rowwise_adagrad")
             for i, (rows, pf) in enumerate([(200_000, 20), (100_000, 10), (50_000, 15), (300_000, 25)])]
 
@@ -65,6 +69,9 @@ def cases() -> list[tuple[str, list[TableSpec], dict]]:
               (ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.DATA_PARALLEL)]
     mixed = [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.ROW_WISE, ST.DATA_PARALLEL, ST.TABLE_WISE, ST.TABLE_COLUMN_WISE, ST.TABLE_ROW_WISE]
     pooled.append(("pooled mixed", POOLED, layouts(POOLED, mixed)))
+    # data-parallel tables of both sizes: each in the mode the cost model prices cheaper (per table)
+    pooled.append(("pooled data_parallel small", SMALL, layouts(SMALL, [ST.DATA_PARALLEL] * len(SMALL))))
+    pooled.append(("pooled data_parallel sizes", POOLED + SMALL, layouts(POOLED + SMALL, [ST.DATA_PARALLEL] * len(POOLED + SMALL))))
     sequence = [(f"sequence {k.value}", SEQUENCE, layouts(SEQUENCE, [k] * len(SEQUENCE))) for k in
                 (ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE)]
     sequence.append(("sequence mixed", SEQUENCE, layouts(SEQUENCE, [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE])))
@@ -102,9 +109,10 @@ class Wrapper(nn.Module):
         return self.emb(features)
 
 
-def embshard_model(specs: list[TableSpec], plan: ShardingPlan, pg) -> nn.Module:
+def embshard_model(specs: list[TableSpec], plan: ShardingPlan, pg, data_parallel_mode: str | None = None) -> nn.Module:
+    """data_parallel_mode: force one mode on every data-parallel table (None: each table's, as planned)."""
     cls = ShardedEmbeddingBagCollection if specs[0].pooled else ShardedEmbeddingCollection
-    return cls(specs, plan, pg, optimizer=OptimizerConfig(learning_rate=LR))
+    return cls(specs, plan, pg, optimizer=OptimizerConfig(learning_rate=LR), data_parallel_mode=data_parallel_mode)
 
 
 def torchrec_model(specs: list[TableSpec], plan: ShardingPlan, pg):
@@ -146,7 +154,8 @@ def timed(step, kjt, pg) -> float:
     return time.perf_counter() - start
 
 
-def run_case(name: str, specs: list[TableSpec], layout: dict, pg) -> dict:
+def run_case(name: str, specs: list[TableSpec], layout: dict, pg, dp_modes: bool = False) -> dict:
+    """dp_modes: where the plan has data-parallel tables, also time embshard with each mode forced on all of them."""
     rank = dist.get_rank(pg)
     pooled = specs[0].pooled
     plan = manual_plan(specs, Topology(world_size=WORLD_SIZE, local_world_size=WORLD_SIZE, device="cpu", batch_size_per_rank=BATCH_SIZE), layout)
@@ -154,11 +163,16 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg) -> dict:
     ours = embshard_model(specs, plan, pg)
     theirs, dense_opt = torchrec_model(specs, plan, pg)
     ours.timer = timer = PhaseTimer()
+    has_dp = any(t.sharding_type is ST.DATA_PARALLEL for t in plan.tables)
+    forced = {m: embshard_model(specs, plan, pg, m) for m in DATA_PARALLEL_MODES} if dp_modes and has_dp else {}
 
     def ours_step(kjt) -> None:
         loss = loss_of(ours(kjt), pooled)
         with timer.phase("backward"):
             loss.backward()
+
+    def forced_step(model):
+        return lambda kjt: loss_of(model(kjt), pooled).backward()
 
     def theirs_step(kjt) -> None:
         loss_of(theirs(kjt), pooled).backward()
@@ -166,23 +180,27 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg) -> dict:
             dense_opt.step()
             dense_opt.zero_grad()
 
+    steps = [("embshard", ours_step), ("torchrec", theirs_step), *((f"embshard_{m}", forced_step(f)) for m, f in forced.items())]
     for i in range(WARMUP):
-        ours_step(batches[i % NUM_BATCHES])
-        theirs_step(batches[i % NUM_BATCHES])
-    ours_s, theirs_s, phases = [], [], []
+        for _, step in steps:
+            step(batches[i % NUM_BATCHES])
+    seconds: dict[str, list[float]] = {who: [] for who, _ in steps}
+    phases = []
     for i in range(STEPS):
         kjt = batches[i % NUM_BATCHES]
         timer.reset()
-        pair = [("ours", ours_step), ("theirs", theirs_step)]
-        for who, step in (pair if i % 2 == 0 else pair[::-1]):
-            (ours_s if who == "ours" else theirs_s).append(timed(step, kjt, pg))
+        for who, step in (steps if i % 2 == 0 else steps[::-1]):
+            seconds[who].append(timed(step, kjt, pg))
         phases.append(dict(timer.seconds))
-    return {"case": name, "embshard_s": statistics.median(ours_s), "torchrec_s": statistics.median(theirs_s),
-            "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]}}
+    out = {"case": name, **{f"{who}_s": statistics.median(s) for who, s in seconds.items()},
+           "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]}}
+    if has_dp:
+        out["data_parallel_modes"] = dict(sorted(Counter(t.data_parallel_mode for t in plan.tables if t.data_parallel_mode).items()))
+    return out
 
 
 # ---- driver ----------------------------------------------------------------------------------
-def worker(rank: int, port: int, out: str, only: str) -> None:
+def worker(rank: int, port: int, out: str, only: str, dp_modes: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
                             timeout=datetime.timedelta(seconds=600))
@@ -191,7 +209,7 @@ def worker(rank: int, port: int, out: str, only: str) -> None:
     for name, specs, layout in cases():
         if only and only not in name:
             continue
-        results.append(run_case(name, specs, layout, pg))
+        results.append(run_case(name, specs, layout, pg, dp_modes))
         if rank == 0:
             print(json.dumps(results[-1]), flush=True)
             Path(out).write_text(json.dumps(results))
@@ -221,6 +239,15 @@ def markdown(results: list[dict]) -> str:
         lines.append(f"| {r['case']} | {samples / r['embshard_s']:,.0f} | {samples / r['torchrec_s']:,.0f} | "
                      f"{r['torchrec_s'] / r['embshard_s']:.2f}x | {1e3 * p.get('input_dist', 0):.1f} | {1e3 * p.get('lookup', 0):.1f} | "
                      f"{1e3 * p.get('output_dist', 0):.1f} | {1e3 * p.get('backward', 0):.1f} |")
+    forced = [r for r in results if "embshard_allreduce_s" in r]
+    if forced:
+        lines += ["", "Data-parallel modes, same run (steps alternating with the rows above): embshard's samples/s with "
+                      "each table in its planned mode, and with one mode forced on every data-parallel table.", "",
+                  "| case | planned modes (tables) | planned | all allreduce | all replicated_lookup |", "|---|---|---:|---:|---:|"]
+        for r in forced:
+            modes = ", ".join(f"{m} {n}" for m, n in r["data_parallel_modes"].items())
+            lines.append(f"| {r['case']} | {modes} | {samples / r['embshard_s']:,.0f} | {samples / r['embshard_allreduce_s']:,.0f} | "
+                         f"{samples / r['embshard_replicated_lookup_s']:,.0f} |")
     ratios = [r["torchrec_s"] / r["embshard_s"] for r in results]
     geo = 1.0
     for x in ratios:
@@ -243,16 +270,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/runtime.md")
     parser.add_argument("--only", default="", help="run cases whose name contains this")
+    parser.add_argument("--dp-modes", action="store_true",
+                        help="also time embshard with each data-parallel mode forced on every data-parallel table")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
-        worker(args.rank, args.port, args.json, args.only)
+        worker(args.rank, args.port, args.json, args.only, args.dp_modes)
         return
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
     run_script_ranks(__file__, WORLD_SIZE, lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
-                                                            str(json_path), "--only", args.only])
+                                                            str(json_path), "--only", args.only,
+                                                            *(["--dp-modes"] if args.dp_modes else [])])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(markdown(json.loads(json_path.read_text())))
     print(Path(args.out).read_text())

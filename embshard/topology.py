@@ -21,6 +21,10 @@ from typing import Any, Mapping
 
 GIB = 1024**3
 
+# How data-parallel tables train (embshard.runtime.collection): each rank looks up its own samples and the
+# replicas' weight gradients are all-reduced; or every replica looks up the global batch.
+DATA_PARALLEL_MODES = ("allreduce", "replicated_lookup")
+
 # Calibrated cost terms: per-unit costs added to the bandwidth model (0 = not modelled).
 CALIBRATED_TERMS = (
     "collective_ms",            # fixed cost of a collective per peer rank (latency; an all-reduce has two steps per peer)
@@ -74,7 +78,9 @@ class Topology:
     on every replica, which receives every rank's ids and, in backward, every rank's pooled
     gradients; False: each rank looks up its own samples and the gradient of the whole
     table is all-reduced (TorchRec's DDP). embshard's runtime trains a plan's data-parallel
-    tables the way its topology says (`data_parallel_mode`), so the cost model prices what runs. The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
+    tables in the mode each placement records (the planner picks the cheaper per table,
+    `embshard.planner.cost.perf.cheaper_data_parallel_mode`); this flag is the mode of placements that
+    record none (plans of schema version 2 and older, hand-built placements). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
     per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
@@ -125,7 +131,7 @@ class Topology:
 
     @property
     def data_parallel_mode(self) -> str:
-        """How the runtime trains data-parallel tables of a plan made for this topology."""
+        """How the runtime trains data-parallel tables whose placement records no mode."""
         return "replicated_lookup" if self.replicated_dp_lookup else "allreduce"
 
     @property

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from embshard.planner.cost.perf import rank_perfs
+from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
@@ -160,11 +160,15 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
              search: Mapping | None = None, inference: bool = False) -> ShardingPlan:
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
     search minimises): per-rank perf by phase, memory, lower bound. PlanInfeasibleError if a
-    rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`)."""
+    rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`).
+    A data-parallel placement without a mode gets the cheaper one (`cheaper_data_parallel_mode`)."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
     by_name = {s.name: s for s in specs}
+    placements = [replace(t, data_parallel_mode=cheaper_data_parallel_mode(by_name[t.name], topology, inference))
+                  if t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode is None else t
+                  for t in placements]
     W = topology.world_size
     storage, every_storage = [Storage()] * W, Storage()
     for t in placements:

@@ -17,7 +17,7 @@ state, no gradients; see cost/storage.py).
 
 from __future__ import annotations
 
-from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
+from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, cache_rows
 from embshard.planner.splits import col_splits, row_splits
@@ -46,7 +46,8 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     """The candidate for one type, shard count and location, or None if the table cannot be cut so."""
     phases = forward_only if inference else (lambda p: p)
     if stype is ShardingType.DATA_PARALLEL:
-        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference)),
+        mode = cheaper_data_parallel_mode(spec, topo, inference)  # what `evaluate` records in the plan
+        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference, mode)),
                          data_parallel_storage(spec, topo, inference))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:

@@ -5,10 +5,12 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 3 (written) adds each shard's ``location`` (hbm, uvm_cache, host) and
-``cache_rows``, listed only for shards not in HBM, and per rank ``memory_bytes.host_bytes``;
-2 stores a data-parallel table once, without shards (its ranks
-are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
+Schema versions: 4 (written) records each data-parallel table's mode (``data_parallel_mode``,
+the cheaper of the two the runtime runs, as the planner priced it; older files load with their
+topology's, `Topology.data_parallel_mode`, as they ran); 3 adds each shard's ``location`` (hbm,
+uvm_cache, host) and ``cache_rows``, listed only for shards not in HBM, and per rank
+``memory_bytes.host_bytes``; 2 stores a data-parallel table once, without shards (its ranks
+are all ranks); 1 listed its full shard on every rank. All load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
 """
@@ -26,10 +28,10 @@ from embshard.fsutil import write_text_atomic
 from embshard.planner.cost.tiers import check_cache_rows
 from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
-from embshard.topology import Topology
+from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,15 @@ class Replicas(Sequence[Shard]):
 @dataclass(frozen=True)
 class TablePlacement:
     """A table's layout. A data-parallel table's shards are normalised to `Replicas` (when
-    they are one full copy per rank; anything else is left for validation to reject)."""
+    they are one full copy per rank; anything else is left for validation to reject).
+    data_parallel_mode: how a data-parallel table trains (`DATA_PARALLEL_MODES`); None: as its
+    topology says (`evaluate` records the cheaper mode; other types have None)."""
 
     name: str
     sharding_type: ShardingType
     compute_kernel: str
     shards: Sequence[Shard]
+    data_parallel_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.sharding_type is ShardingType.DATA_PARALLEL:
@@ -218,6 +223,8 @@ def _table_dict(t: TablePlacement) -> dict[str, Any]:
     out = {"name": t.name, "sharding_type": t.sharding_type.value, "compute_kernel": t.compute_kernel}
     if not isinstance(t.shards, Replicas):  # a data-parallel table is on every rank: no shards listed
         out["shards"] = [_shard_dict(s) for s in t.shards]
+    if t.data_parallel_mode is not None:
+        out["data_parallel_mode"] = t.data_parallel_mode
     return out
 
 
@@ -250,7 +257,10 @@ def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, Tab
         shards: Sequence[Shard] = Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim)
     else:
         shards = tuple(_shard_from_dict(s, f"{where}.shards[{j}]") for j, s in enumerate(t["shards"]))
-    return TablePlacement(t["name"], stype, t["compute_kernel"], shards)
+    mode = t.get("data_parallel_mode") if version >= 4 else None
+    if mode is None and stype is ShardingType.DATA_PARALLEL:
+        mode = topology.data_parallel_mode  # how plans without a mode ran
+    return TablePlacement(t["name"], stype, t["compute_kernel"], shards, mode)
 
 
 def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableSpec], topology: Topology, where: str = "plan") -> None:
@@ -268,7 +278,12 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             if t.shards != Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim):
                 raise ValueError(f"{w}.shards: a data_parallel table lists one full shard on every rank")
+            if t.data_parallel_mode not in (None, *DATA_PARALLEL_MODES):
+                raise ValueError(f"{w}.data_parallel_mode: {t.data_parallel_mode!r}; give one of {list(DATA_PARALLEL_MODES)}")
             continue
+        if t.data_parallel_mode is not None:
+            raise ValueError(f"{w}.data_parallel_mode: only data_parallel tables have one ({t.sharding_type.value} given "
+                             f"{t.data_parallel_mode!r}); remove it")
         if not t.shards:
             raise ValueError(f"{w}.shards: empty")
         for j, s in enumerate(t.shards):

@@ -10,15 +10,16 @@ optimizer updates every shard inside backward; nothing to call afterwards.
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
 gradient of the *mean* of the ranks' losses, i.e. the unsharded collection fed the
 concatenated global batch with gradients averaged over ranks -- what DDP does for dense
-parameters. Data-parallel tables get the same update on every replica in one of two ways
-(``data_parallel_mode``, by default the plan topology's): "allreduce" (dense_replicas.py): each rank looks up its
+parameters. Data-parallel tables get the same update on every replica in one of two ways, per
+table (the mode its plan placement records, the cheaper one the planner priced; else the plan
+topology's; the ``data_parallel_mode`` argument forces one for all), both in one collection: "allreduce" (dense_replicas.py): each rank looks up its
 own samples, and the weight gradients of all replicated blocks are all-reduced in one flat
 buffer and averaged before each table's optimizer runs (TorchRec's way; whole-table
 gradients travel). "replicated_lookup": every replica looks up the global batch (ids
 all-gathered in forward), keeps its own rows, and in backward gathers every rank's gradient
 of its rows, divides by the world size and applies the table's fused optimizer (ids and
 pooled gradients travel; it costs world_size x the local lookups). The cost model prices
-the second when ``topology.replicated_dp_lookup`` is set, else the first.
+both (`embshard.planner.cost.perf.data_parallel_perf`).
 
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table
@@ -37,6 +38,7 @@ import hashlib
 import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -47,7 +49,8 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Location
 from embshard.runtime.comm import gather_header, local_part
-from embshard.runtime.dense_replicas import DATA_PARALLEL_MODES, DenseReplicas
+from embshard.planner.types import ShardingType
+from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
 from embshard.runtime.input_dist import InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
@@ -58,6 +61,7 @@ from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_r
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
+from embshard.topology import DATA_PARALLEL_MODES
 
 
 _noted_tiers_on_cpu = False
@@ -84,42 +88,48 @@ class _ShardedCollection(nn.Module):
                  pooling: Mapping[str, str], weighted: bool, optimizer: OptimizerConfig | None,
                  device: torch.device | None, seed: int, data_parallel_mode: str | None) -> None:
         super().__init__()
-        data_parallel_mode = data_parallel_mode or plan.topology.data_parallel_mode
         self.pg, self.pooled, self.weighted, self.optimizer_config = pg, pooled, weighted, optimizer
         self.inference = optimizer is None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.where = type(self).__name__
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.specs = tuple(tables)
-        error = None
+        error, modes = None, {}
         try:
             check_plan(self.specs, plan, self.world_size, pooled, self.where, self.inference)
             bad = {n: m for n, m in pooling.items() if m not in POOLING_MODES or n not in {s.name for s in self.specs}}
             if bad:
                 raise ValueError(f"{self.where}: pooling {bad}: give known table names and modes from {POOLING_MODES}")
-            if data_parallel_mode not in DATA_PARALLEL_MODES:
+            if data_parallel_mode not in (None, *DATA_PARALLEL_MODES):
                 raise ValueError(f"{self.where}: data_parallel_mode {data_parallel_mode!r}: give one of {DATA_PARALLEL_MODES}")
+            modes = {s.name: data_parallel_mode or plan.placement(s.name).data_parallel_mode or plan.topology.data_parallel_mode
+                     for s in self.specs if plan.placement(s.name).sharding_type is ShardingType.DATA_PARALLEL}
         except ValueError as e:
             error = str(e)
-        fingerprint = _fingerprint(self.specs, plan, data_parallel_mode) if error is None else 0
+        fingerprint = _fingerprint(self.specs, plan, modes) if error is None else 0
         header = gather_header([fingerprint], error, pg, self.device)
         if len(set(header[:, 0].tolist())) != 1:
             raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
                              f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
         note_tiers_on_cpu(plan, self.device)
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
-                                              fbgemm_optimizers(self.device), self.inference)
+                                              fbgemm_optimizers(self.device), self.inference, modes)
         replicas = self.routing.replicas
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
         self.replica_kernels = [self._kernel(k) for k in replicas.kernels] if replicas else []
         self.input_dist = InputDist(self.routing, pg, self.device)
-        self.replica_dist = InputDist(replicas, pg, self.device) if replicas else None
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
-        # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
-        self.dense_replicas = DenseReplicas(self.replica_kernels, replicas.kernels, pooled, optimizer, pg) \
-            if replicas and not self.inference and data_parallel_mode == "allreduce" else None
-        self.local_replicas = self.inference or self.dense_replicas is not None
+        self.replica_groups: list[_ReplicaGroup] = []  # one per data-parallel mode, in the order of replicas' slots
+        start = 0
+        for mode, group in self.routing.replica_groups:
+            kernels = self.replica_kernels[start:start + len(group.kernels)]
+            start += len(kernels)
+            # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
+            local = self.inference or mode == "allreduce"
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg) if local and not self.inference else None
+            self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
+        self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
         if self.inference:
             return
         for table, (kernel, i, slot) in self._blocks().items():
@@ -158,24 +168,36 @@ class _ShardedCollection(nn.Module):
         assert batch is not None
         return batch, tuple(header[:, 0].tolist())
 
-    def _distribute(self, features: KeyedJaggedTensor) -> tuple[Batch, tuple[int, ...], Received | None, Received | None]:
-        """Validate, agree on batch sizes, then ship ids to shards and to every replica."""
+    def _distribute(self, features: KeyedJaggedTensor) -> tuple[Batch, tuple[int, ...], Received | None, list[Received]]:
+        """Validate, agree on batch sizes, then ship ids to shards and to every replica (per replica group)."""
         batch, batch_sizes = self._prepare(features)
         received = self.input_dist(batch, batch_sizes) if self.sharded else None
-        replicated = None
-        if self.replica_dist:
-            replicated = self.replica_dist.local(batch) if self.local_replicas else self.replica_dist(batch, batch_sizes)
+        replicated = [g.dist.local(batch) if g.local else g.dist(batch, batch_sizes) for g in self.replica_groups]
         return batch, batch_sizes, received, replicated
 
     def _distribute_and_look_up(self, features: KeyedJaggedTensor):
-        """Input dist and rank-local lookups: (batch, batch sizes, received, replicated, outputs of the
-        sharded kernels, outputs of the replica kernels)."""
+        """Input dist and rank-local lookups: (batch, batch sizes, received, replicated (per replica group),
+        outputs of the sharded kernels, outputs of the replica kernels (per replica group))."""
         with self._phase("input_dist"):
             batch, batch_sizes, received, replicated = self._distribute(features)
         with self._phase("lookup"):
             outs = self._look_up(self.kernels, received)
-            replica_outs = self.dense_replicas(replicated) if self.dense_replicas else self._look_up(self.replica_kernels, replicated)
+            replica_outs = [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, replicated)]
         return batch, batch_sizes, received, replicated, outs, replica_outs
+
+    def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]], batch_sizes: tuple[int, ...]) -> Tensor | None:
+        """This rank's rows of the data-parallel features, replica groups side by side (pooled: [B, width],
+        columns; sequence: flat). Replicated look-ups computed every rank's rows: keep this rank's."""
+        parts = []
+        for group, x, outs in zip(self.replica_groups, replicated, replica_outs):
+            if self.pooled:
+                rows, splits = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), batch_sizes
+            else:
+                rows, splits = by_source(outs, x.floats_per_source_kernel), [sum(c) for c in x.floats_per_source_kernel]
+            parts.append(rows if group.local else local_part(rows, splits, self.pg))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1 if self.pooled else 0)
 
     @staticmethod
     def _look_up(kernels: list[nn.Module], received: Received | None) -> list[Tensor]:
@@ -278,10 +300,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
-            replica_rows = None
-            if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
-                full = replica_outs[0] if len(replica_outs) == 1 else torch.cat(replica_outs, dim=1)
-                replica_rows = full if self.local_replicas else local_part(full, batch_sizes, self.pg)
+            replica_rows = self._replica_rows(replicated, replica_outs, batch_sizes)
             values = self.output_dist(outs, replica_rows, batch, batch_sizes)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
@@ -300,12 +319,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
-            replica_rows = None
-            if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
-                per_source = replicated.floats_per_source_kernel
-                rows = by_source(replica_outs, per_source)
-                replica_rows = rows if self.local_replicas else local_part(rows, [sum(c) for c in per_source], self.pg)
-            return self._per_feature(flat, replica_rows, batch)
+            return self._per_feature(flat, self._replica_rows(replicated, replica_outs, batch_sizes), batch)
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
         """Cut the flat outputs (sharded features, then replicated ones) into one JaggedTensor per feature."""
@@ -325,7 +339,17 @@ class ShardedEmbeddingCollection(_ShardedCollection):
                 for i, f in enumerate(r.features)}
 
 
-def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, data_parallel_mode: str) -> int:
-    """63-bit hash of the tables, their placements and the data-parallel mode: ranks compare it before the first step."""
-    text = repr([data_parallel_mode, *((s, plan.placement(s.name)) for s in specs)])
+@dataclass(frozen=True)
+class _ReplicaGroup:
+    """The data-parallel tables of one mode: local look-ups (``local``) or of the global batch."""
+
+    local: bool
+    dist: InputDist
+    kernels: list[nn.Module]
+    dense: DenseReplicas | None  # trained with an all-reduce
+
+
+def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, modes: Mapping[str, str]) -> int:
+    """63-bit hash of the tables, their placements and data-parallel modes: ranks compare it before the first step."""
+    text = repr([sorted(modes.items()), *((s, plan.placement(s.name)) for s in specs)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1

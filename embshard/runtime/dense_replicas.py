@@ -22,8 +22,6 @@ from embshard.runtime.input_dist import Received
 from embshard.runtime.optim import OptimizerConfig, apply_update
 from embshard.runtime.routing import KernelSpec
 
-DATA_PARALLEL_MODES = ("allreduce", "replicated_lookup")
-
 
 class DenseReplicas:
     """The replica kernels of one collection, looked up locally and updated after one all-reduce."""

@@ -5,8 +5,11 @@ The sharding types differ only in how a table's shards turn into slots:
 table_wise gives one slot per feature, column_wise/table_column_wise one per column shard
 (each receives every id), row_wise/table_row_wise one per row block (each receives the
 ids in its rows, re-based to the block). data_parallel features get a second routing,
-`Routing.replicas`, with one slot per feature on every rank: each replica looks up the
-global batch, keeps its own rows, and applies the same update as every other replica.
+`Routing.replicas`, with one slot per feature on every rank; its slots are grouped by the
+tables' data-parallel mode (`Routing.replica_groups`, one routing per mode, in
+`DATA_PARALLEL_MODES` order): "allreduce" replicas look up their own rank's samples,
+"replicated_lookup" ones the global batch (keeping their own rows); either way every replica
+applies the same update.
 On its destination, a slot belongs to one rank-local kernel (grouped by implementation,
 optimizer, weight dtype and, except for FBGEMM's pooled kernels, width; any width trains: the
 torch kernel runs those FBGEMM's training kernel rejects); slots are ordered
@@ -16,7 +19,7 @@ group by dtype alone: their forward-only kernels have no optimizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from embshard.planner.plan import ShardingPlan, validate_placements
@@ -24,6 +27,7 @@ from embshard.planner.splits import COL_ALIGN
 from embshard.planner.types import Location, ShardingType
 from embshard.runtime.optim import OPTIMIZERS
 from embshard.specs import TableSpec
+from embshard.topology import DATA_PARALLEL_MODES
 
 POOLING_MODES = ("sum", "mean")
 
@@ -83,9 +87,11 @@ class Routing:
     features: tuple[FeatureInfo, ...]
     slots_by_rank: tuple[tuple[Slot, ...], ...]  # slots each rank looks up, in kernel order
     kernels: tuple[KernelSpec, ...]  # this rank's kernels
-    replicas: "Routing | None"  # data-parallel features: every rank looks up every rank's ids
+    replicas: "Routing | None"  # data-parallel features, every one on every rank (slots and kernels by mode group)
     num_buckets: int  # row blocks of the most split row-wise table (1 when none)
     bucket_bounds: tuple[tuple[int, ...], ...]  # per feature: num_buckets + 1 row boundaries
+    # (mode, routing of that mode's data-parallel features), in the order of `replicas`' slots and kernels
+    replica_groups: tuple[tuple[str, "Routing"], ...] = ()
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -150,11 +156,13 @@ def build_routing(
     pooling: Mapping[str, str],
     fbgemm_optimizers: frozenset[str],
     inference: bool = False,
+    data_parallel_modes: Mapping[str, str] | None = None,
 ) -> Routing:
     """Slots, kernels and row-bucket boundaries of one collection on ``rank``.
 
     fbgemm_optimizers: optimizers FBGEMM runs on this device; tables with others use the torch kernel.
     inference: forward-only serving kernels, one per weight dtype (and width, for sequence kernels).
+    data_parallel_modes: data-parallel table -> its mode (`DATA_PARALLEL_MODES`; missing: the first).
     """
     features: list[FeatureInfo] = []
     slots: list[Slot] = []
@@ -191,15 +199,32 @@ def build_routing(
 
     slots_by_rank, kernels = _order_by_kernel(slots, rank, world_size, kernel_key)
     dp_features = [i for i, f in enumerate(features) if f.data_parallel]
-    replicas = None
-    if dp_features:
-        # Every rank sends its data-parallel features to every rank: each replica sees the global batch.
+    modes = data_parallel_modes or {}
+    groups = []
+    for mode in DATA_PARALLEL_MODES:
+        group = [i for i in dp_features if modes.get(features[i].table, DATA_PARALLEL_MODES[0]) == mode]
+        if not group:
+            continue
+        # One slot per (rank, feature): each replica may look up every rank's ids.
         copies = [Slot(i, features[i].table, r, 0, 0, features[i].num_embeddings, 0, features[i].dim)
-                  for r in range(world_size) for i in dp_features]
+                  for r in range(world_size) for i in group]
         replica_slots, replica_kernels = _order_by_kernel(copies, rank, world_size, kernel_key)
-        replicas = Routing(rank, world_size, pooled, tuple(features), replica_slots, replica_kernels, None, 1,
-                           tuple((0, f.num_embeddings) for f in features))
-    return Routing(rank, world_size, pooled, tuple(features), slots_by_rank, kernels, replicas, num_buckets, bucket_bounds)
+        groups.append((mode, Routing(rank, world_size, pooled, tuple(features), replica_slots, replica_kernels, None, 1,
+                                     tuple((0, f.num_embeddings) for f in features))))
+    replicas = _joined(groups, rank) if groups else None
+    return Routing(rank, world_size, pooled, tuple(features), slots_by_rank, kernels, replicas, num_buckets, bucket_bounds,
+                   tuple(groups))
+
+
+def _joined(groups: list[tuple[str, Routing]], rank: int) -> Routing:
+    """The routings of several groups as one: each rank's slots one group after another, kernels likewise."""
+    first = groups[0][1]
+    kernels, start = [], 0
+    for _, g in groups:
+        kernels.extend(replace(k, slot_start=k.slot_start + start) for k in g.kernels)
+        start += len(g.slots_by_rank[rank])
+    slots = tuple(tuple(s for _, g in groups for s in g.slots_by_rank[r]) for r in range(first.world_size))
+    return replace(first, slots_by_rank=slots, kernels=tuple(kernels))
 
 
 def _order_by_kernel(slots: list[Slot], rank: int, world_size: int, kernel_key) -> tuple[tuple[tuple[Slot, ...], ...], tuple[KernelSpec, ...]]:

@@ -33,8 +33,9 @@ def test_json_has_the_documented_fields(a_plan):
     kinds = {t["sharding_type"] for t in raw["tables"]}
     assert "data_parallel" in kinds and len(kinds) > 1
     for t in raw["tables"]:
-        if t["sharding_type"] == "data_parallel":  # stored once: its ranks are all ranks
-            assert set(t) == {"name", "sharding_type", "compute_kernel"}
+        if t["sharding_type"] == "data_parallel":  # stored once: its ranks are all ranks; with its mode
+            assert set(t) == {"name", "sharding_type", "compute_kernel", "data_parallel_mode"}
+            assert t["data_parallel_mode"] in ("allreduce", "replicated_lookup")
         else:
             assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
             assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
@@ -71,6 +72,20 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     assert {t["name"]: t["shards"] for t in json.loads(v2_text)["tables"] if "shards" in t} == others
 
 
+V2_DP_FILE = Path(__file__).parent / "data" / "plan_v2_dp.json"  # written by embshard at a549129 (schema version 2)
+
+
+def test_version_2_file_loads_with_its_topology_data_parallel_mode():
+    """v2 records no per-table mode: its data-parallel tables train as its topology says, as they did."""
+    raw = json.loads(V2_DP_FILE.read_text())
+    assert raw["schema_version"] == 2 and raw["topology"]["replicated_dp_lookup"] is True
+    v2 = ShardingPlan.load(V2_DP_FILE)
+    modes = {t.name: t.data_parallel_mode for t in v2.tables}
+    assert modes == {"big": "replicated_lookup", "tiny": "replicated_lookup", "tw": None}
+    v3 = ShardingPlan.from_json(v2.to_json())
+    assert v3 == v2 and json.loads(v2.to_json())["schema_version"] == SCHEMA_VERSION
+
+
 def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
     specs = [TableSpec(f"t{i}", 1000, 16) for i in range(20)]
     sizes = {}
@@ -80,7 +95,7 @@ def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
         assert isinstance(p.tables[0].shards, Replicas) and len(p.tables[0].shards) == W
         assert ShardingPlan.from_json(p.to_json()) == p
         sizes[W] = len(json.dumps(json.loads(p.to_json())["tables"]))
-    assert sizes[512] == sizes[8] < 2000
+    assert sizes[512] == sizes[8] < 2600
 
 
 def _first(kind_is_dp: bool):
@@ -95,6 +110,8 @@ def _first(kind_is_dp: bool):
     (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
     (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version"),
+    (lambda d: _first(True)(d).update(data_parallel_mode="sometimes"), "data_parallel_mode: 'sometimes'"),
+    (lambda d: _first(False)(d).update(data_parallel_mode="allreduce"), "only data_parallel tables have one"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())
@@ -115,3 +132,20 @@ def test_not_json_is_rejected(tmp_path):
     path.write_text("{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         ShardingPlan.load(path)
+
+
+V3_FILE = Path(__file__).parent / "data" / "plan_v3.json"  # written by embshard at 3d0c275 (schema 3: shard locations)
+
+
+def test_version_3_file_keeps_its_locations_and_takes_its_topology_data_parallel_mode():
+    raw = json.loads(V3_FILE.read_text())
+    assert raw["schema_version"] == 3
+    v3 = ShardingPlan.load(V3_FILE)
+    located = {(t["name"], s["rank"]): (s.get("location", "hbm"), s.get("cache_rows", 0))
+               for t in raw["tables"] for s in t.get("shards", ())}
+    assert {(t.name, s.rank): (s.location.value, s.cache_rows) for t in v3.tables for s in t.shards} == located
+    assert any(loc != "hbm" for loc, _ in located.values())
+    assert all(t.data_parallel_mode == (v3.topology.data_parallel_mode if t.sharding_type.value == "data_parallel" else None)
+               for t in v3.tables)
+    again = ShardingPlan.from_json(v3.to_json())
+    assert again == v3 and json.loads(v3.to_json())["schema_version"] == SCHEMA_VERSION

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from embshard.planner import PlanInfeasibleError, ShardingPlan, evaluate, plan
+from embshard.planner.plan import SCHEMA_VERSION
 from embshard.planner.cost.perf import ID_BYTES, OUTPUT_BYTES, expected_distinct_rows, holder_perf, row_bytes
 from embshard.planner.cost.storage import holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_SLOT_BYTES, hit_rate
@@ -159,7 +160,7 @@ def _tiered_plan():
 def test_plan_json_carries_location_and_cache_rows_and_rejects_bad_ones():
     p = _tiered_plan()
     raw = json.loads(p.to_json())
-    assert raw["schema_version"] == 3
+    assert raw["schema_version"] == SCHEMA_VERSION
     shards = [s for t in raw["tables"] for s in t["shards"]]
     assert any(s.get("location") in ("uvm_cache", "host") for s in shards)
     assert all("location" not in s for s in shards if s.get("location", "hbm") == "hbm")
@@ -188,7 +189,7 @@ def test_version_2_file_loads_with_every_shard_in_hbm():
     assert all(s.location is Location.HBM and s.cache_rows == 0 for t in p.tables for s in t.shards)
     assert all(r.storage.host_bytes == 0 for r in p.ranks) and p.max_rank_ms == raw["objective_ms"]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == 3 and [t.get("shards") for t in again["tables"]] == [t.get("shards") for t in raw["tables"]]
+    assert again["schema_version"] == SCHEMA_VERSION and [t.get("shards") for t in again["tables"]] == [t.get("shards") for t in raw["tables"]]
     assert evaluate(p.specs, p.topology, p.tables).max_rank_ms == pytest.approx(raw["objective_ms"])
 
 

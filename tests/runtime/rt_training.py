@@ -92,8 +92,11 @@ def shards_for(spec: TableSpec, index: int, stype: ShardingType, topo: Topology,
     return [Shard(r, 0, N, co, n) for r, (co, n) in zip(ranks, col_splits(D, len(ranks)))]
 
 
-def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType], table_wise_rank: int | None = None) -> ShardingPlan:
-    tables = tuple(TablePlacement(s.name, t, COMPUTE_KERNEL[t], tuple(shards_for(s, i, t, topo, table_wise_rank)))
+def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType], table_wise_rank: int | None = None,
+              modes: dict[str, str] | None = None) -> ShardingPlan:
+    """modes: data-parallel table -> its data_parallel_mode (others: None, the topology's)."""
+    tables = tuple(TablePlacement(s.name, t, COMPUTE_KERNEL[t], tuple(shards_for(s, i, t, topo, table_wise_rank)),
+                                  (modes or {}).get(s.name))
                    for i, (s, t) in enumerate(zip(specs, types)))
     return ShardingPlan(tables=tables, specs=tuple(specs), topology=topo, ranks=(), lower_bound_ms=0.0, input_hash="")
 
@@ -217,6 +220,13 @@ def run_mode_of_topology(specs: list[TableSpec], plan: ShardingPlan, pg: dist.Pr
     sharded, _, _, errors = train(specs, plan, pg, pooled=True, mean=True, seed=13)
     assert plan.topology.data_parallel_mode == "replicated_lookup"
     errors["err_mode"] = float(sharded.dense_replicas is not None)
+    return errors
+
+
+def run_mixed_modes(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, **kwargs) -> dict[str, float]:
+    """Data-parallel tables in both modes in one collection, each as its placement says."""
+    sharded, _, _, errors = train(specs, plan, pg, **kwargs)
+    errors["err_groups"] = float([g.local for g in sharded.replica_groups] != [True, False])
     return errors
 
 
@@ -378,6 +388,20 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
     replicated_topo = dataclasses.replace(topo, replicated_dp_lookup=True)
     cases["data_parallel-mode-of-topology"] = lambda pg: run_mode_of_topology(
         POOLED, make_plan(POOLED, replicated_topo, [ST.DATA_PARALLEL] * len(POOLED)), pg)
+    # Per-table modes (as the planner records them), both in one collection, next to sharded tables;
+    # the "same" variants put tables of both modes in kernels of one optimizer.
+    pooled_modes = {"ta": "allreduce", "tb": "replicated_lookup", "td": "replicated_lookup"}
+    sequence_modes = {"sa": "replicated_lookup", "sc": "allreduce", "sd": "replicated_lookup"}
+    for kind, specs, types, modes in (
+            ("pooled", POOLED, [ST.DATA_PARALLEL, ST.DATA_PARALLEL, ST.ROW_WISE, ST.DATA_PARALLEL], pooled_modes),
+            ("sequence", SEQUENCE, [ST.DATA_PARALLEL, ST.TABLE_WISE, ST.DATA_PARALLEL, ST.DATA_PARALLEL], sequence_modes)):
+        same = [dataclasses.replace(s, optimizer="rowwise_adagrad") for s in specs]
+        for variant, tables in (("", specs), ("-same-optimizer", same)):
+            plan = make_plan(tables, topo, types, modes=modes)
+            pooled = kind == "pooled"
+            cases[f"data_parallel-modes-per-table-{kind}{variant}"] = (
+                lambda pg, s=tables, p=plan, pooled=pooled: run_mixed_modes(s, p, pg, pooled=pooled, weighted=pooled,
+                                                                           seed=41, empty_ranks=True))
     all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
     cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
     return cases

@@ -35,8 +35,9 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
   in backward; data-parallel replicas run another kernel, with terms of their own (per id
   forward; per byte of per-id gradients and per distinct row backward), or, with
-  ``replicated_dp_lookup`` (the runtime then replicates look-ups: `Topology.data_parallel_mode`),
-  cost what a table-wise holder of the global batch costs, on every rank (`replicated_lookup_perf`);
+  a placement's ``data_parallel_mode`` "replicated_lookup" (the planner picks the cheaper mode per
+  table, `cheaper_data_parallel_mode`), cost what a table-wise holder of the global batch costs, on
+  every rank (`replicated_lookup_perf`);
 - routing, paid by the sender and by the receiver: per id and per bag length in input dist,
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
@@ -58,7 +59,7 @@ from typing import Sequence
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.types import Location, Perf, ShardingType
 from embshard.specs import TableSpec
-from embshard.topology import Topology
+from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 ID_BYTES = 8
 LENGTH_BYTES = 4
@@ -215,14 +216,27 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
 
 
-def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
-    """Time every rank spends on a replicated table: local lookup, dense update, all-reduce (the
-    runtime's "allreduce" mode, embshard.runtime.dense_replicas; it all-reduces a collection's
-    replicated tables together, each table here pays the collective's fixed cost: an upper bound);
-    or, with ``topology.replicated_dp_lookup``, `replicated_lookup_perf` -- in training only:
-    serving collections always look replicas up locally."""
-    if topo.replicated_dp_lookup and not inference:
+def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False, mode: str | None = None) -> Perf:
+    """Time every rank spends on a replicated table trained in ``mode`` (None: the topology's,
+    `Topology.data_parallel_mode`): "allreduce" (`allreduce_perf`) or "replicated_lookup"
+    (`replicated_lookup_perf`) -- in training only: serving collections always look replicas up locally."""
+    if (mode or topo.data_parallel_mode) == "replicated_lookup" and not inference:
         return replicated_lookup_perf(spec, topo)
+    return allreduce_perf(spec, topo, inference)
+
+
+def cheaper_data_parallel_mode(spec: TableSpec, topo: Topology, inference: bool = False) -> str:
+    """The data-parallel mode of lower predicted step time for this table (ties: "allreduce").
+    Serving looks replicas up locally in either mode: "allreduce" there."""
+    if inference:
+        return DATA_PARALLEL_MODES[0]
+    return min(DATA_PARALLEL_MODES, key=lambda m: data_parallel_perf(spec, topo, False, m).total_ms)
+
+
+def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
+    """A replicated table looked up locally, its dense gradient all-reduced (the runtime's
+    "allreduce" mode, embshard.runtime.dense_replicas; it all-reduces a collection's replicated
+    tables together, each table here pays the collective's fixed cost: an upper bound)."""
     B, F, N, D = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
@@ -345,7 +359,7 @@ def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every = every + data_parallel_perf(spec, topo, inference)
+            every = every + data_parallel_perf(spec, topo, inference, t.data_parallel_mode)
             continue
         k = len(t.shards)
         requester = requester + requester_perf(spec, topo, t.sharding_type, k)
