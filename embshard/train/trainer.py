@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from rich.console import Console
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from tqdm import tqdm
 
 from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout
@@ -26,6 +27,7 @@ from embshard.data.criteo_tsv import TsvStream
 from embshard.data.stream import Stream, open_eval_pass, open_stream
 from embshard.models.dlrm import DLRM
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection, shard_model
+from embshard.runtime.pipeline import InputPipeline
 from embshard.runtime.state import TableShard
 from embshard.train import checkpoint
 from embshard.train.config import TrainSettings
@@ -108,11 +110,16 @@ class Trainer:
                              samples_consumed=self.samples_consumed, position=self.position)
         bar = tqdm(total=s.steps, initial=self.step, disable=not ctx.is_main, unit="step", mininterval=1.0,
                    dynamic_ncols=True)
+        pipeline = self._pipeline(stream)
+        read = pipeline.next if pipeline else lambda: next(stream).to(ctx.device)
         self.t_start, self.start_step = time.perf_counter(), self.step
         interval = _Interval(self.t_start)
         try:
             while self.step < s.steps:
-                interval.add(self._step(next(stream).to(ctx.device)))
+                batch = read()
+                if pipeline and self._reads_ahead():
+                    pipeline.prefetch()
+                interval.add(self._step(batch))
                 bar.update(1)
                 if self.step % s.log_every_steps == 0 or self.step == s.steps:
                     loss, rate = interval.close(ctx, self.batch_size * ctx.world_size)
@@ -129,10 +136,29 @@ class Trainer:
                     interval.restart_clock()
         finally:
             bar.close()
+            if pipeline:
+                pipeline.close()
         self.train_s = time.perf_counter() - self.t_start
         self._evaluate()
         self._save(stream)
         self._finish(stream)
+
+    def _pipeline(self, stream: Stream) -> InputPipeline[Batch] | None:
+        """With ``pipeline``: reads and input dists of the next batch on a side thread (runtime/pipeline.py)."""
+        if not self.s.pipeline or self.s.unsharded:
+            return None
+        dlrm = self.model.module
+
+        def inputs(batch: Batch) -> list[tuple[nn.Module, KeyedJaggedTensor]]:
+            return [(dlrm.sparse, batch.sparse)] + ([(dlrm.sequence, batch.sequence)] if dlrm.sequence is not None else [])
+        return InputPipeline(self.ctx.pg, lambda: next(stream).to(self.ctx.device), inputs)
+
+    def _reads_ahead(self) -> bool:
+        """Whether the batch after the step about to run may be read now: not past the last step, nor past a
+        checkpoint (which records how far the stream has been read)."""
+        after = self.step + 1
+        every = self.s.checkpoint.every_steps
+        return after < self.s.steps and not (every and after % every == 0)
 
     def _step(self, batch: Batch) -> Tensor:
         logits = self.model(batch.dense, batch.sparse, batch.sequence)
