@@ -82,7 +82,9 @@ class TrainConfig:
     log_every_steps: int = 10
     tensorboard: bool = False
     unsharded: bool = False  # one process, TorchRec's modules unsharded (the reference)
-    pipeline: bool = False  # read the next batch and run its input dist while this one trains (runtime/pipeline.py)
+    # read the next batch and run its input dist while this one trains (runtime/pipeline.py); None: when the
+    # ranks span more than one host (measured faster there, slower on one host: README, Training)
+    pipeline: Optional[bool] = None
     plan_file: Optional[str] = None  # load this plan.json instead of planning
     out_dir: str = MISSING
 
@@ -110,7 +112,7 @@ class TrainSettings:
     log_every_steps: int
     tensorboard: bool
     unsharded: bool
-    pipeline: bool
+    pipeline: bool | None
     plan_file: str | None
     out_dir: Path
 

@@ -5,7 +5,8 @@ dense layers under DDP) or, with ``unsharded``, stay TorchRec's plain modules up
 the reference sparse optimizer. Each step: this rank's batch, BCE loss, backward (the
 fused optimizers update the tables), optional clipping, the dense optimizer. Rank 0 shows a
 progress bar with loss and samples/s and writes the metrics; all ranks evaluate together
-and write their shards of each checkpoint.
+and write their shards of each checkpoint. With ``pipeline``, batch k+1 is read and its input
+dist runs on a side thread while step k trains (runtime/pipeline.py).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class Trainer:
 
     def _pipeline(self, stream: Stream) -> InputPipeline[Batch] | None:
         """With ``pipeline``: reads and input dists of the next batch on a side thread (runtime/pipeline.py)."""
-        if not self.s.pipeline or self.s.unsharded:
+        if self.s.unsharded or not pipelined(self.s.pipeline, self.ctx):
             return None
         dlrm = self.model.module
 
@@ -207,6 +208,11 @@ class Trainer:
                             ("metrics", self.metrics.path), ("curves", curves), ("checkpoint", self.last_checkpoint)):
             if path is not None:
                 out(f"{label + ':':<11} {path}", markup=False, highlight=False)
+
+
+def pipelined(setting: bool | None, ctx: RankContext) -> bool:
+    """Whether to pipeline the input dist: as set, or (None) when the ranks span more than one host."""
+    return ctx.local_world_size < ctx.world_size if setting is None else setting
 
 
 def dense_optimizer(config: DenseOptimConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

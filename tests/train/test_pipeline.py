@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from embshard.launch.distributed import RankContext
 from embshard.train.checkpoint import read_tables
+from embshard.train.trainer import pipelined
 from pipe_worker import STEPS
 from test_checkpoint_ranks import run_group
 
@@ -30,3 +32,11 @@ def test_pipelined_step_trains_exactly_like_the_plain_one(config_dir, tmp_path, 
         # one input dist per collection (pooled, sequence) and step, plus the replicas' when they look up the
         # global batch; without a pipeline as many, all on the main thread
         assert len(side) == len(rank["pipelined"]["threads"]) == len(rank["plain"]["threads"]), rank["pipelined"]
+
+
+@pytest.mark.parametrize("setting, world, local_world, want", [
+    (None, 4, 2, True), (None, 4, 4, False), (None, 1, 1, False), (True, 2, 2, True), (False, 4, 2, False)])
+def test_pipeline_null_means_on_when_the_ranks_span_hosts(setting, world, local_world, want) -> None:
+    ctx = RankContext(rank=0, world_size=world, local_rank=0, local_world_size=local_world,
+                      device=torch.device("cpu"), pg=None)
+    assert pipelined(setting, ctx) is want
