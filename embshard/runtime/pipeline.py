@@ -7,7 +7,9 @@ The side thread talks over a process group of its own (same ranks, same backend)
 group must be issued in the same order on every rank, and the main thread's output dist, gradient
 all-to-alls and DDP all-reduces interleave with the side thread's at random. The results are those of
 the plain step, bit for bit: the same input dist computed earlier. A batch refused by a rank raises
-its ValueError on every rank from `next`, as the plain forward does.
+its ValueError on every rank from `next`, as the plain forward does. Serving (embshard/serving/)
+does not use it: a request batch exists only once its requests have arrived, so there is no next
+batch to distribute early without holding the current one back (more latency).
 
     pipeline = InputPipeline(pg, read=lambda: next(stream), inputs=lambda b: [(model.sparse, b.sparse)])
     batch = pipeline.next()        # read and distributed on the side thread (now, if not prefetched)
