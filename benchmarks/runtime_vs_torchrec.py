@@ -11,23 +11,37 @@ are updated by embshard's fused replica kernel and, in TorchRec, by DDP + torchr
 RowWiseAdagrad. Steps of the two runtimes alternate (embshard, TorchRec, TorchRec,
 embshard, ...), each timed between barriers on rank 0; medians over STEPS steps count, so
 both see the same background load.
+
+Each runtime also runs pipelined: embshard's `InputPipeline` (embshard.runtime.pipeline: the next
+batch's input dist on a side thread) and TorchRec's `TrainPipelineSparseDist` (it runs on CPU);
+the speed-up is embshard's faster configuration against TorchRec's faster one, per case.
+
+    .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --out benchmarks/results/runtime_hosts.md
+
+``--hosts 2``: the same cases on 2 emulated hosts x 2 ranks (embshard/emulated_hosts.py, needs root),
+inter-host links shaped; table-wise tables go round the 4 ranks, table_row_wise and
+table_column_wise tables onto one host's 2 ranks, host after host.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import itertools
 import json
 import os
 import statistics
+from collections import Counter
+import sys
 import tempfile
 import time
-from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
 from embshard.interop.torchrec import to_torchrec_plan
 from embshard.machine import cpu_model
@@ -38,59 +52,70 @@ from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, Sha
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES, Topology
-from local_ranks import run_script_ranks
+from local_ranks import init_rank, run_ranks
 
 ST = ShardingType
-WORLD_SIZE, BATCH_SIZE, LR = 2, 2048, 0.01
+RANKS_PER_HOST, BATCH_SIZE, LR = 2, 2048, 0.01
 WARMUP, STEPS, NUM_BATCHES = 2, 16, 4
 DATE = "2026-11-30"
-COMMAND = ".venv/bin/python benchmarks/runtime_vs_torchrec.py --out benchmarks/results/runtime.md"
+COMMAND = ".venv/bin/python benchmarks/runtime_vs_torchrec.py"
+CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
 
 # (name, rows, dim, pooling factor)
 POOLED = [TableSpec(f"p{i}", rows, dim, pf, feature_names=(f"pf{i}",), optimizer="rowwise_adagrad")
           for i, (rows, dim, pf) in enumerate([(200_000, 64, 20), (100_000, 64, 10), (50_000, 128, 15), (400_000, 64, 25),
                                                (20_000, 32, 5), (150_000, 64, 30), (10_000, 128, 8), (80_000, 64, 12)])]
-# criteo_small's tables of at most 15,000 rows (embshard/configs/tables/criteo_small.yaml): small replicas
-SMALL = [TableSpec(f"c{i}", rows, 16, 1.0, feature_names=(f"cf{i}",), optimizer="rowwise_adagrad")
-         for i, rows in enumerate([1460, 583, 305, 24, 12517, 633, 3, 5683, 3194, 27, 14992, 10, 5652, 2173, 4, 18, 15, 105])]
 SEQUENCE = [TableSpec(f"s{i}", rows, 64, pf, pooled=False, feature_names=(f"sf{i}",), optimizer="rowwise_adagrad")
             for i, (rows, pf) in enumerate([(200_000, 20), (100_000, 10), (50_000, 15), (300_000, 25)])]
 
+# criteo_small's tables of at most 15,000 rows (embshard/configs/tables/criteo_small.yaml): small replicas
+SMALL = [TableSpec(f"c{i}", rows, 16, 1.0, feature_names=(f"cf{i}",), optimizer="rowwise_adagrad")
+         for i, rows in enumerate([1460, 583, 305, 24, 12517, 633, 3, 5683, 3194, 27, 14992, 10, 5652, 2173, 4, 18, 15, 105])]
 
-def layouts(specs: list[TableSpec], kinds: list[ShardingType]) -> dict[str, tuple[ShardingType, list[int]]]:
-    out = {}
+def layouts(specs: list[TableSpec], kinds: list[ShardingType], world: int,
+            per_host: int) -> dict[str, tuple[ShardingType, list[int]]]:
+    out, hosts = {}, world // per_host
     for i, (spec, kind) in enumerate(zip(specs, kinds)):
-        out[spec.name] = (kind, [i % WORLD_SIZE] if kind is ST.TABLE_WISE else list(range(WORLD_SIZE)))
+        if kind is ST.TABLE_WISE:
+            ranks = [i % world]
+        elif kind in (ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE):
+            ranks = list(range((i % hosts) * per_host, (i % hosts + 1) * per_host))
+        else:
+            ranks = list(range(world))
+        out[spec.name] = (kind, ranks)
     return out
 
 
-def cases() -> list[tuple[str, list[TableSpec], dict]]:
-    pooled = [(f"pooled {k.value}", POOLED, layouts(POOLED, [k] * len(POOLED))) for k in
+def cases(world: int, per_host: int) -> list[tuple[str, list[TableSpec], dict]]:
+    def layout(specs, kinds):
+        return layouts(specs, kinds, world, per_host)
+    pooled = [(f"pooled {k.value}", POOLED, layout(POOLED, [k] * len(POOLED))) for k in
               (ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_ROW_WISE, ST.TABLE_COLUMN_WISE, ST.DATA_PARALLEL)]
     mixed = [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.ROW_WISE, ST.DATA_PARALLEL, ST.TABLE_WISE, ST.TABLE_COLUMN_WISE, ST.TABLE_ROW_WISE]
-    pooled.append(("pooled mixed", POOLED, layouts(POOLED, mixed)))
+    pooled.append(("pooled mixed", POOLED, layout(POOLED, mixed)))
     # data-parallel tables of both sizes: each in the mode the cost model prices cheaper (per table)
-    pooled.append(("pooled data_parallel small", SMALL, layouts(SMALL, [ST.DATA_PARALLEL] * len(SMALL))))
-    pooled.append(("pooled data_parallel sizes", POOLED + SMALL, layouts(POOLED + SMALL, [ST.DATA_PARALLEL] * len(POOLED + SMALL))))
-    sequence = [(f"sequence {k.value}", SEQUENCE, layouts(SEQUENCE, [k] * len(SEQUENCE))) for k in
+    pooled.append(("pooled data_parallel small", SMALL, layout(SMALL, [ST.DATA_PARALLEL] * len(SMALL))))
+    pooled.append(("pooled data_parallel sizes", POOLED + SMALL, layout(POOLED + SMALL, [ST.DATA_PARALLEL] * len(POOLED + SMALL))))
+    sequence = [(f"sequence {k.value}", SEQUENCE, layout(SEQUENCE, [k] * len(SEQUENCE))) for k in
                 (ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE)]
-    sequence.append(("sequence mixed", SEQUENCE, layouts(SEQUENCE, [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE])))
+    sequence.append(("sequence mixed", SEQUENCE, layout(SEQUENCE, [ST.TABLE_WISE, ST.ROW_WISE, ST.COLUMN_WISE, ST.TABLE_WISE])))
     return pooled + sequence
 
 
-def make_batches(specs: list[TableSpec], rank: int):
+def make_batches(specs: list[TableSpec], rank: int, batch_size: int):
     """NUM_BATCHES local KJTs: lengths uniform in [0, 2 x pooling factor], ids uniform over the table."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
     gen = torch.Generator().manual_seed(100 + rank)
     batches = []
     for _ in range(NUM_BATCHES):
-        lengths = [torch.randint(0, int(2 * s.pooling_factor) + 1, (BATCH_SIZE,), generator=gen) for s in specs]
+        lengths = [torch.randint(0, int(2 * s.pooling_factor) + 1, (batch_size,), generator=gen) for s in specs]
         values = [torch.randint(0, s.num_embeddings, (int(n.sum()),), generator=gen) for s, n in zip(specs, lengths)]
         batches.append(KeyedJaggedTensor(keys=[f for s in specs for f in s.feature_names],
                                          values=torch.cat(values), lengths=torch.cat(lengths)))
     return batches
 
 
+@torch.fx.wrap  # a leaf when TorchRec's pipeline traces the model
 def loss_of(out, pooled: bool) -> torch.Tensor:
     if pooled:
         return out.values().square().sum()
@@ -98,15 +123,28 @@ def loss_of(out, pooled: bool) -> torch.Tensor:
 
 
 # ---- the two runtimes ------------------------------------------------------------------------
+@dataclass
+class FeaturesBatch(Pipelineable):
+    """A batch as TorchRec's pipeline takes it (it moves and tracks batches between streams)."""
+    features: KeyedJaggedTensor
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "FeaturesBatch":
+        return FeaturesBatch(self.features.to(device, non_blocking=non_blocking))
+
+    def record_stream(self, stream) -> None:
+        self.features.record_stream(stream)
+
+
 class Wrapper(nn.Module):
-    """TorchRec shards submodules of a model; this is the model."""
+    """TorchRec shards submodules of a model; this is the model: batch -> (loss, embeddings), as its pipeline wants."""
 
-    def __init__(self, emb: nn.Module) -> None:
+    def __init__(self, emb: nn.Module, pooled: bool) -> None:
         super().__init__()
-        self.emb = emb
+        self.emb, self.pooled = emb, pooled
 
-    def forward(self, features):
-        return self.emb(features)
+    def forward(self, batch: FeaturesBatch):
+        out = self.emb(batch.features)
+        return loss_of(out, self.pooled), out
 
 
 def embshard_model(specs: list[TableSpec], plan: ShardingPlan, pg, data_parallel_mode: str | None = None) -> nn.Module:
@@ -135,7 +173,7 @@ def torchrec_model(specs: list[TableSpec], plan: ShardingPlan, pg):
         emb = EmbeddingCollection(tables=[EmbeddingConfig(name=s.name, num_embeddings=s.num_embeddings, embedding_dim=s.embedding_dim,
                                                                   feature_names=list(s.feature_names)) for s in specs], device=meta)
         sharder = EmbeddingCollectionSharder(fused_params=fused)
-    dmp = DistributedModelParallel(Wrapper(emb), env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
+    dmp = DistributedModelParallel(Wrapper(emb, specs[0].pooled), env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
                                    plan=to_torchrec_plan(plan, "emb"), sharders=[sharder])
     fused_params = set(dmp.fused_optimizer.params)
     dense = [p for n, p in dmp.named_parameters() if p.requires_grad and p.dim() == 2 and n not in fused_params]
@@ -145,54 +183,83 @@ def torchrec_model(specs: list[TableSpec], plan: ShardingPlan, pg):
     return dmp, dense_opt
 
 
-def timed(step, kjt, pg) -> float:
+def timed(step, pg) -> float:
     """Seconds of one step on rank 0's clock, between barriers (the slowest rank decides)."""
     dist.barrier(group=pg)
     start = time.perf_counter()
-    step(kjt)
+    step()
     dist.barrier(group=pg)
     return time.perf_counter() - start
 
 
-def run_case(name: str, specs: list[TableSpec], layout: dict, pg, dp_modes: bool = False) -> dict:
-    """dp_modes: where the plan has data-parallel tables, also time embshard with each mode forced on all of them."""
-    rank = dist.get_rank(pg)
-    pooled = specs[0].pooled
-    plan = manual_plan(specs, Topology(world_size=WORLD_SIZE, local_world_size=WORLD_SIZE, device="cpu", batch_size_per_rank=BATCH_SIZE), layout)
-    batches = make_batches(specs, rank)
+class NoOptimizer:
+    """TorchRec's pipeline steps an optimizer; without data-parallel tables there is none to step."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int, options: argparse.Namespace) -> dict:
+    from embshard.runtime.pipeline import InputPipeline
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    rank, world, pooled = dist.get_rank(pg), dist.get_world_size(pg), specs[0].pooled
+    topology = Topology(world_size=world, local_world_size=per_host, device="cpu", batch_size_per_rank=options.batch)
+    plan = manual_plan(specs, topology, layout)
+    batches = make_batches(specs, rank, options.batch)
     ours = embshard_model(specs, plan, pg)
     theirs, dense_opt = torchrec_model(specs, plan, pg)
-    ours.timer = timer = PhaseTimer()
-    has_dp = any(t.sharding_type is ST.DATA_PARALLEL for t in plan.tables)
-    forced = {m: embshard_model(specs, plan, pg, m) for m in DATA_PARALLEL_MODES} if dp_modes and has_dp else {}
+    piped, piped_opt = torchrec_model(specs, plan, pg)  # TorchRec's pipeline rewrites the model it runs
+    timer = PhaseTimer()
+    feeds = {config: itertools.cycle(batches) for config in CONFIGS}  # every configuration: the same batches in turn
 
     def ours_step(kjt) -> None:
         loss = loss_of(ours(kjt), pooled)
         with timer.phase("backward"):
             loss.backward()
 
-    def forced_step(model):
-        return lambda kjt: loss_of(model(kjt), pooled).backward()
+    def ours_plain() -> None:  # the phase split: of the plain step
+        ours.timer = timer
+        ours_step(next(feeds["embshard"]))
+        ours.timer = None
 
-    def theirs_step(kjt) -> None:
-        loss_of(theirs(kjt), pooled).backward()
+    ours_pipeline = InputPipeline(pg, lambda: next(feeds["embshard_pipelined"]), lambda kjt: [(ours, kjt)])
+
+    def ours_pipelined() -> None:
+        kjt = ours_pipeline.next()
+        ours_pipeline.prefetch()
+        ours_step(kjt)
+
+    def theirs_plain() -> None:
+        theirs(FeaturesBatch(next(feeds["torchrec"])))[0].backward()
         if dense_opt is not None:
             dense_opt.step()
             dense_opt.zero_grad()
 
-    steps = [("embshard", ours_step), ("torchrec", theirs_step), *((f"embshard_{m}", forced_step(f)) for m, f in forced.items())]
-    for i in range(WARMUP):
-        for _, step in steps:
-            step(batches[i % NUM_BATCHES])
-    seconds: dict[str, list[float]] = {who: [] for who, _ in steps}
+    their_pipeline = TrainPipelineSparseDist(piped, piped_opt or NoOptimizer(), torch.device("cpu"))
+    their_feed = (FeaturesBatch(kjt) for kjt in feeds["torchrec_pipelined"])
+    steps = dict(zip(CONFIGS, (ours_plain, ours_pipelined, theirs_plain, lambda: their_pipeline.progress(their_feed))))
+    has_dp = any(t.sharding_type is ST.DATA_PARALLEL for t in plan.tables)
+    for mode in DATA_PARALLEL_MODES if options.dp_modes and has_dp else ():  # one mode forced on every data-parallel table
+        forced, feed = embshard_model(specs, plan, pg, mode), itertools.cycle(batches)
+        steps[f"embshard_{mode}"] = lambda m=forced, f=feed: loss_of(m(next(f)), pooled).backward()
+    configs = tuple(steps)
+    for _ in range(WARMUP):
+        for step in steps.values():
+            step()
+    seconds: dict[str, list[float]] = {c: [] for c in configs}
     phases = []
-    for i in range(STEPS):
-        kjt = batches[i % NUM_BATCHES]
-        timer.reset()
-        for who, step in (steps if i % 2 == 0 else steps[::-1]):
-            seconds[who].append(timed(step, kjt, pg))
-        phases.append(dict(timer.seconds))
-    out = {"case": name, **{f"{who}_s": statistics.median(s) for who, s in seconds.items()},
+    for i in range(options.steps):  # the configurations in another order each step
+        for config in configs[i % len(configs):] + configs[:i % len(configs)]:
+            timer.reset()
+            seconds[config].append(timed(steps[config], pg))
+            if config == "embshard":
+                phases.append(dict(timer.seconds))
+    ours_pipeline.close()
+    out = {"case": name, **{f"{c}_s": statistics.median(seconds[c]) for c in configs},
            "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]}}
     if has_dp:
         out["data_parallel_modes"] = dict(sorted(Counter(t.data_parallel_mode for t in plan.tables if t.data_parallel_mode).items()))
@@ -200,44 +267,58 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, dp_modes: bool
 
 
 # ---- driver ----------------------------------------------------------------------------------
-def worker(rank: int, port: int, out: str, only: str, dp_modes: bool) -> None:
+def worker(options: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=600))
+    rank, world, per_host = init_rank()
     pg = dist.group.WORLD
     results = []
-    for name, specs, layout in cases():
-        if only and only not in name:
+    for name, specs, layout in cases(world, per_host):
+        if options.only and options.only not in name:
             continue
-        results.append(run_case(name, specs, layout, pg, dp_modes))
+        results.append(run_case(name, specs, layout, pg, per_host, options))
         if rank == 0:
             print(json.dumps(results[-1]), flush=True)
-            Path(out).write_text(json.dumps(results))
+            Path(options.json).write_text(json.dumps(results))
     dist.destroy_process_group()
 
 
-def markdown(results: list[dict]) -> str:
-    cpu = cpu_model()
-    samples = WORLD_SIZE * BATCH_SIZE
+def geometric_mean(xs: list[float]) -> float:
+    product = 1.0
+    for x in xs:
+        product *= x
+    return product ** (1 / len(xs))
+
+
+def markdown(results: list[dict], meta: dict) -> str:
+    world, batch = meta["hosts"] * RANKS_PER_HOST, meta["batch"]
+    samples = world * batch
+    where = f"{world} ranks on CPU" if meta["hosts"] == 1 else \
+        f"{meta['hosts']} emulated hosts x {RANKS_PER_HOST} ranks on CPU (inter-host links: {meta['shaping']})"
     lines = [
-        "# embshard runtime vs TorchRec DistributedModelParallel",
+        "# embshard runtime vs TorchRec DistributedModelParallel" + ("" if meta["hosts"] == 1 else f", {meta['hosts']} emulated hosts"),
         "",
-        f"Date: {DATE}. Machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {WORLD_SIZE} ranks on CPU "
-        f"(1 thread each), batch {BATCH_SIZE:,} per rank. Command: `{COMMAND}`.",
+        f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {where} "
+        f"(1 thread each), batch {batch:,} per rank. Command: `{meta['command']}`.",
         "",
         f"Tables: {len(POOLED)} pooled ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in POOLED)}), "
         f"{len(SEQUENCE)} sequence ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in SEQUENCE)}); "
-        "rowwise_adagrad everywhere. Step = forward + backward + fused update; samples/s counts both ranks; "
-        f"medians of {STEPS} steps, the two runtimes' steps alternating. embshard's phases: medians on rank 0 "
-        "(input dist includes validation and waiting for the slower rank).",
+        "rowwise_adagrad everywhere. Step = forward + backward + fused update; samples/s counts all ranks; "
+        f"medians of {meta['steps']} steps per configuration, the four configurations' steps alternating: embshard "
+        "plain and pipelined (`InputPipeline`: the next batch's input dist on a side thread), TorchRec's DMP step and "
+        "its `TrainPipelineSparseDist` (it runs on CPU: without CUDA streams it issues the next batch's input dist "
+        "before this one's forward). Speed-up: the faster TorchRec configuration's step time / embshard's. "
+        "embshard's phases: of its plain step, medians on rank 0 (input dist includes validation and waiting for the "
+        "slower rank).",
         "",
-        "| case | embshard samples/s | TorchRec samples/s | speed-up | input dist ms | lookup ms | output dist ms | backward ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | embshard samples/s | embshard pipelined | TorchRec DMP | TorchRec pipeline | speed-up plain "
+        "| speed-up pipelined | input dist ms | lookup ms | output dist ms | backward ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        p = r["phases_s"]
-        lines.append(f"| {r['case']} | {samples / r['embshard_s']:,.0f} | {samples / r['torchrec_s']:,.0f} | "
-                     f"{r['torchrec_s'] / r['embshard_s']:.2f}x | {1e3 * p.get('input_dist', 0):.1f} | {1e3 * p.get('lookup', 0):.1f} | "
+        p, theirs = r["phases_s"], min(r["torchrec_s"], r["torchrec_pipelined_s"])
+        rates = " | ".join(f"{samples / r[f'{c}_s']:,.0f}" for c in CONFIGS)
+        lines.append(f"| {r['case']} | {rates} | {theirs / r['embshard_s']:.2f}x | {theirs / r['embshard_pipelined_s']:.2f}x | "
+                     f"{1e3 * p.get('input_dist', 0):.1f} | {1e3 * p.get('lookup', 0):.1f} | "
                      f"{1e3 * p.get('output_dist', 0):.1f} | {1e3 * p.get('backward', 0):.1f} |")
     forced = [r for r in results if "embshard_allreduce_s" in r]
     if forced:
@@ -248,12 +329,12 @@ def markdown(results: list[dict]) -> str:
             modes = ", ".join(f"{m} {n}" for m, n in r["data_parallel_modes"].items())
             lines.append(f"| {r['case']} | {modes} | {samples / r['embshard_s']:,.0f} | {samples / r['embshard_allreduce_s']:,.0f} | "
                          f"{samples / r['embshard_replicated_lookup_s']:,.0f} |")
-    ratios = [r["torchrec_s"] / r["embshard_s"] for r in results]
-    geo = 1.0
-    for x in ratios:
-        geo *= x
-    lines += ["", f"Speed-up (TorchRec step time / embshard step time): geometric mean {geo ** (1 / len(ratios)):.2f}x, "
-                  f"min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} cases.", "",
+    lines.append("")
+    for label, ours in (("plain", "embshard_s"), ("pipelined", "embshard_pipelined_s")):
+        ratios = [min(r["torchrec_s"], r["torchrec_pipelined_s"]) / r[ours] for r in results]
+        lines.append(f"Speed-up of embshard {label} (faster TorchRec step time / embshard step time): geometric mean "
+                     f"{geometric_mean(ratios):.2f}x, min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} cases.")
+    lines += ["",
               "Where the time goes. Fused pooled cases run the same FBGEMM kernel in both runtimes, and its CPU "
               "backward (with the rowwise_adagrad update) is most of the step; embshard's edge there is the "
               "rest: one header all-gather + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
@@ -261,31 +342,35 @@ def markdown(results: list[dict]) -> str:
               "backward is about 10x faster than the PoolingMode.NONE kernel TorchRec uses. Data-parallel: "
               "embshard's replicas look up the global batch and exchange ids and pooled gradients; TorchRec "
               "all-reduces whole-table gradients (DDP) and its dense RowWiseAdagrad touches every row.", "",
-              "The machine is shared: alternating the two runtimes step by step and taking medians damps, but "
+              "The machine is shared: alternating the runtimes step by step and taking medians damps, but "
               "does not remove, noise from other load.", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/runtime.md")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/runtime.md (runtime_hosts.md with --hosts 2)")
     parser.add_argument("--only", default="", help="run cases whose name contains this")
     parser.add_argument("--dp-modes", action="store_true",
                         help="also time embshard with each data-parallel mode forced on every data-parallel table")
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=1, choices=(1, 2), help="2: on 2 emulated hosts x 2 ranks (root)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per configuration")
+    parser.add_argument("--batch", type=int, default=BATCH_SIZE, help="batch per rank")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rank is not None:
-        worker(args.rank, args.port, args.json, args.only, args.dp_modes)
+    if args.worker:
+        worker(args)
         return
+    out = Path(args.out or f"benchmarks/results/{'runtime' if args.hosts == 1 else 'runtime_hosts'}.md")
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
-    run_script_ranks(__file__, WORLD_SIZE, lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
-                                                            str(json_path), "--only", args.only,
-                                                            *(["--dp-modes"] if args.dp_modes else [])])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(markdown(json.loads(json_path.read_text())))
-    print(Path(args.out).read_text())
+    shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", args.only, "--steps", str(args.steps),
+                                   "--batch", str(args.batch), *(["--dp-modes"] if args.dp_modes else [])], hosts=args.hosts, ranks_per_host=RANKS_PER_HOST)
+    meta = {"hosts": args.hosts, "shaping": shaping, "steps": args.steps, "batch": args.batch,
+            "command": " ".join([COMMAND, *sys.argv[1:]])}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(json.loads(json_path.read_text()), meta))
+    print(out.read_text())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/train_throughput.py --out benchmarks/results/train.md
 
-Two gloo ranks on CPU train the same model on the same tables (configs/tables/criteo_small:
+Two gloo ranks on CPU (or 2 hosts x 2, below) train the same model on the same tables (configs/tables/criteo_small:
 26 Criteo tables capped at 100,000 rows, dim 16), the same batches (synthetic Criteo-like,
 pre-generated), the same plan and the same optimizers: embshard's planner plans the tables
 (``torchrec_compatible``, so TorchRec can run the layout), the plan goes to TorchRec through
@@ -10,19 +10,30 @@ pre-generated), the same plan and the same optimizers: embshard's planner plans 
 by `shard_model` (fused rowwise_adagrad for every table, DDP + Adagrad for the MLPs). TorchRec:
 `torchrec.models.dlrm.DLRM` (or DLRM_DCN) with fused EXACT_ROWWISE_ADAGRAD, data-parallel
 tables under DDP with torchrec's RowWiseAdagrad, Adagrad for the MLPs. A step is forward, BCE
-loss, backward (fused table updates) and the dense optimizer step. Each case alternates
-ROUNDS rounds of ITERS steps (embshard, TorchRec, embshard, ...); the best round of each
+loss, backward (fused table updates) and the dense optimizer step. Each case runs ROUNDS
+rounds of ITERS steps of each configuration below, alternating; the best round of each
 counts, which damps noise from other load on the machine. Besides wall-clock samples/s it
 reports samples per CPU-second (both ranks' process CPU time), which other processes on a
 shared machine disturb much less; the load average during the run is recorded too.
+
+Each runtime runs two ways: embshard's plain step and its pipelined one (`embshard.runtime.pipeline`,
+``pipeline: true`` in configs/train.yaml: the next batch's input dist on a side thread), TorchRec's
+plain DMP step and its `TrainPipelineSparseDist` (the next batch's input dist overlapping this one's
+forward and backward; it runs on CPU). Ratios are each embshard step against the faster TorchRec one.
+
+    .venv/bin/python benchmarks/train_throughput.py --hosts 2 --out benchmarks/results/train_hosts.md
+
+``--hosts 2``: the same on 2 emulated hosts x 2 ranks (embshard/emulated_hosts.py, needs root), the
+plan made for 4 ranks on 2 hosts, the inter-host links shaped (tbf; a delay where the kernel has netem).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import itertools
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from statistics import median
@@ -30,14 +41,15 @@ from statistics import median
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from local_ranks import run_script_ranks
+from local_ranks import init_rank, run_ranks
 
 from embshard.machine import cpu_model
 
-WORLD_SIZE, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
+RANKS_PER_HOST, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
 DATE = "2026-11-30"
-COMMAND = ".venv/bin/python benchmarks/train_throughput.py --out benchmarks/results/train.md"
+COMMAND = ".venv/bin/python benchmarks/train_throughput.py"
+CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
 ROOT = Path(__file__).resolve().parents[1]
 # (name, interaction, batch per rank, bottom MLP, top MLP, data-parallel tables allowed)
 CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1), True),
@@ -47,25 +59,26 @@ CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1), True),
 DCN_LAYERS, DCN_RANK = 3, 64
 
 
-def specs_and_plan(batch: int, data_parallel: bool):
+def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world_size: int):
     from embshard import planner
     from embshard.planner.types import Constraints, ShardingType, TableConstraint
     from embshard.specs import load_tables_file
     from embshard.topology import Topology
 
     specs, _ = load_tables_file(ROOT / "embshard" / "configs" / "tables" / "criteo_small.yaml")
-    topology = Topology(world_size=WORLD_SIZE, local_world_size=WORLD_SIZE, hbm_gib=16, batch_size_per_rank=batch, device="cpu")
+    topology = Topology(world_size=world_size, local_world_size=local_world_size, hbm_gib=16, batch_size_per_rank=batch,
+                        device="cpu")
     sharded = tuple(t for t in ShardingType if t is not ShardingType.DATA_PARALLEL)
     constraints = None if data_parallel else Constraints({s.name: TableConstraint(sharded) for s in specs})
     return specs, planner.plan(specs, topology, constraints, time_budget_s=2.0, torchrec_compatible=True)
 
 
-def make_batches(specs, rank: int, batch: int):
+def make_batches(specs, rank: int, world_size: int, batch: int):
     from embshard.data.batch import FeatureLayout
     from embshard.data.config import SyntheticConfig
     from embshard.data.stream import open_stream
 
-    stream = open_stream(SyntheticConfig(), FeatureLayout.from_specs(specs), rank, WORLD_SIZE, batch, "train")
+    stream = open_stream(SyntheticConfig(), FeatureLayout.from_specs(specs), rank, world_size, batch, "train")
     return [next(stream) for _ in range(NUM_BATCHES)]
 
 
@@ -85,7 +98,7 @@ def torchrec_model(specs, plan, pg, interaction: str, bottom, top):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
-    from torchrec.models.dlrm import DLRM, DLRM_DCN
+    from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
@@ -93,12 +106,12 @@ def torchrec_model(specs, plan, pg, interaction: str, bottom, top):
 
     ebc = EmbeddingBagCollection(tables=to_embedding_configs(specs)[0], device=torch.device("meta"))
     if interaction == "dot":
-        module = DLRM(ebc, 13, list(bottom), list(top))
+        module = DLRMTrain(DLRM(ebc, 13, list(bottom), list(top)))  # model(batch) -> (mean BCE loss, outputs)
     else:
-        module = DLRM_DCN(ebc, 13, list(bottom), list(top), dcn_num_layers=DCN_LAYERS, dcn_low_rank_dim=DCN_RANK)
+        module = DLRMTrain(DLRM_DCN(ebc, 13, list(bottom), list(top), dcn_num_layers=DCN_LAYERS, dcn_low_rank_dim=DCN_RANK))
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR_SPARSE, "eps": EPS}
     model = DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
-                                     plan=to_torchrec_plan(plan, "sparse_arch.embedding_bag_collection"),
+                                     plan=to_torchrec_plan(plan, "model.sparse_arch.embedding_bag_collection"),
                                      sharders=[EmbeddingBagCollectionSharder(fused_params=fused)])
     fused_names = set(model.fused_optimizer.params)
     rest = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in fused_names]
@@ -111,120 +124,193 @@ def torchrec_model(specs, plan, pg, interaction: str, bottom, top):
     return model, optimizers
 
 
-def step_fn(model, optimizers, squeeze: bool):
-    def step(batch) -> None:
-        logits = model(batch.dense, batch.sparse)
-        loss = F.binary_cross_entropy_with_logits(logits.squeeze(1) if squeeze else logits, batch.labels)
+def embshard_steps(model, optimizers, batches, pg):
+    """(plain step, pipelined step) of embshard's model; each takes the next of ``batches`` (cycling)."""
+    from embshard.runtime.pipeline import InputPipeline
+
+    def train(batch) -> None:
+        loss = F.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
         for opt in optimizers:
             opt.zero_grad()
         loss.backward()
         for opt in optimizers:
             opt.step()
-    return step
+
+    plain, pipelined = itertools.cycle(batches), itertools.cycle(batches)
+    pipeline = InputPipeline(pg, lambda: next(pipelined), lambda b: [(model.module.sparse, b.sparse)])
+
+    def pipelined_step() -> None:
+        batch = pipeline.next()
+        pipeline.prefetch()
+        train(batch)
+    return (lambda: train(next(plain))), pipelined_step, pipeline
 
 
-def measure(step, batches, pg) -> tuple[float, float]:
+class Optimizers:
+    """Several optimizers stepped as one (TorchRec's pipeline takes one)."""
+
+    def __init__(self, optimizers) -> None:
+        self.optimizers = optimizers
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+
+def torchrec_steps(specs, plan, pg, interaction: str, bottom, top, batches):
+    """(plain DMP step, TrainPipelineSparseDist step), each on a DMP of its own (the pipeline rewrites its model)."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    batches = [Batch(dense_features=b.dense, sparse_features=b.sparse, labels=b.labels) for b in batches]
+    model, optimizers = torchrec_model(specs, plan, pg, interaction, bottom, top)
+    plain = itertools.cycle(batches)
+
+    def step() -> None:
+        loss, _ = model(next(plain))
+        for opt in optimizers:
+            opt.zero_grad()
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+
+    piped_model, piped_optimizers = torchrec_model(specs, plan, pg, interaction, bottom, top)
+    pipeline = TrainPipelineSparseDist(piped_model, Optimizers(piped_optimizers), torch.device("cpu"))
+    pipelined = itertools.cycle(batches)
+    return step, lambda: pipeline.progress(pipelined)
+
+
+def measure(step, pg, iters: int) -> tuple[float, float]:
     """(wall seconds per step on rank 0 between barriers, CPU seconds per step of all ranks), after WARMUP steps."""
-    for i in range(WARMUP):
-        step(batches[i % len(batches)])
+    for _ in range(WARMUP):
+        step()
     dist.barrier(group=pg)
     start, cpu_start = time.perf_counter(), time.process_time()
-    for i in range(ITERS):
-        step(batches[i % len(batches)])
+    for _ in range(iters):
+        step()
     cpu = torch.tensor([time.process_time() - cpu_start], dtype=torch.float64)
     dist.barrier(group=pg)
     wall = time.perf_counter() - start
     dist.all_reduce(cpu, group=pg)
-    return wall / ITERS, float(cpu) / ITERS
+    return wall / iters, float(cpu) / iters
 
 
-def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel: bool, pg) -> dict:
+def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel: bool, pg, local_world_size: int,
+             options: argparse.Namespace) -> dict:
     from embshard.planner.report import sharding_type_counts
 
     torch.manual_seed(0)
-    specs, plan = specs_and_plan(batch, data_parallel)
-    batches = make_batches(specs, dist.get_rank(pg), batch)
-    ours = step_fn(*embshard_model(specs, plan, pg, interaction, bottom, top), squeeze=False)
-    theirs = step_fn(*torchrec_model(specs, plan, pg, interaction, bottom, top), squeeze=True)
-    ours_runs, theirs_runs = [], []
-    for _ in range(ROUNDS):
-        ours_runs.append(measure(ours, batches, pg))
-        theirs_runs.append(measure(theirs, batches, pg))
-    samples = batch * WORLD_SIZE
-    return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan),
-            "embshard_samples_per_s": samples / min(w for w, _ in ours_runs),
-            "torchrec_samples_per_s": samples / min(w for w, _ in theirs_runs),
-            "embshard_samples_per_cpu_s": samples / min(c for _, c in ours_runs),
-            "torchrec_samples_per_cpu_s": samples / min(c for _, c in theirs_runs),
-            "load_average": os.getloadavg()[0]}
+    world = dist.get_world_size(pg)
+    batch = options.batch or batch
+    specs, plan = specs_and_plan(batch, data_parallel, world, local_world_size)
+    batches = make_batches(specs, dist.get_rank(pg), world, batch)
+    ours, ours_pipelined, pipeline = embshard_steps(*embshard_model(specs, plan, pg, interaction, bottom, top), batches, pg)
+    theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
+    steps = dict(zip(CONFIGS, (ours, ours_pipelined, theirs, theirs_pipelined)))
+    runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
+    for round_ in range(options.rounds):  # alternating, each round in another order
+        for config in CONFIGS[round_ % 4:] + CONFIGS[:round_ % 4]:
+            runs[config].append(measure(steps[config], pg, options.iters))
+    pipeline.close()
+    samples = batch * world
+    return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan), "load_average": os.getloadavg()[0],
+            **{f"{c}_samples_per_s": samples / min(w for w, _ in runs[c]) for c in CONFIGS},
+            **{f"{c}_samples_per_cpu_s": samples / min(u for _, u in runs[c]) for c in CONFIGS}}
 
 
-def worker(rank: int, port: int, out: str, repeats: int) -> None:
+def worker(options: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=datetime.timedelta(seconds=600))
+    rank, _, local_world_size = init_rank()
     results = []
-    for repeat in range(repeats):
+    for repeat in range(options.repeats):
         for case in CASES:
-            results.append({**run_case(*case, dist.group.WORLD), "repeat": repeat})
+            if options.only not in case[0]:
+                continue
+            results.append({**run_case(*case, dist.group.WORLD, local_world_size, options), "repeat": repeat})
             if rank == 0:
                 print(json.dumps(results[-1]), flush=True)
     if rank == 0:
-        Path(out).write_text(json.dumps(results))
+        Path(options.json).write_text(json.dumps(results))
     dist.destroy_process_group()
 
 
-def markdown(results: list[dict]) -> str:
+def markdown(results: list[dict], meta: dict) -> str:
     repeats = max(r["repeat"] for r in results) + 1
+    world = meta["hosts"] * RANKS_PER_HOST
+    where = f"{world} gloo ranks (1 thread each)" if meta["hosts"] == 1 else \
+        f"{meta['hosts']} emulated hosts x {RANKS_PER_HOST} gloo ranks (1 thread each; inter-host links: {meta['shaping']})"
     lines = [
-        "# Training throughput: embshard vs TorchRec DistributedModelParallel",
+        "# Training throughput: embshard vs TorchRec DistributedModelParallel"
+        + ("" if meta["hosts"] == 1 else f", {meta['hosts']} emulated hosts"),
         "",
-        f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, 2 gloo ranks (1 thread each), "
+        f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, {where}, "
         f"torch {torch.__version__}, TorchRec 1.8.0, FBGEMM CPU 1.8.0.",
-        f"Command: `{COMMAND}`",
+        f"Command: `{meta['command']}`",
         "",
         "Same tables (criteo_small: 26 tables, dim 16, up to 100,000 rows), batches, plan (embshard's planner, "
         "torchrec_compatible) and optimizers (fused rowwise_adagrad for tables, Adagrad for MLPs). "
         "Bottom MLP 13-64-16, top MLP 256-128-1; DCN: 3 layers, rank 64. "
-        f"Each case ran {repeats} times; each time, best of {ROUNDS} alternating rounds of {ITERS} steps. "
-        "Samples/s count both ranks (median over the repeats); samples per CPU-second divide by both ranks' "
-        "process CPU time. Ratios are embshard / TorchRec: median [min, max] over the repeats. "
+        "Each runtime runs two ways: embshard plain and pipelined (`pipeline: true`: the next batch's input dist on a "
+        "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
+        "input dist of the next batch is issued before this one's forward). "
+        f"Each case ran {repeats} times; each time, best of {meta['rounds']} rounds of {meta['iters']} steps, the "
+        "four configurations alternating. Samples/s count all ranks (median over the repeats); samples per CPU-second "
+        "divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec configuration (by wall "
+        "clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
         "Load: the 1-minute load average during the case (2 cores: above 2 means other processes competed).",
         "",
-        "| case | plan | load | embshard samples/s | TorchRec samples/s | wall ratio | CPU ratio |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| case | plan | load | embshard | embshard pipelined | TorchRec DMP | TorchRec pipeline "
+        "| wall ratio plain | wall ratio pipelined | CPU ratio plain | CPU ratio pipelined |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ratio(runs: list[dict], ours: str, unit: str) -> str:
+        x = sorted(r[f"{ours}_samples_per_{unit}"] / max(r[f"torchrec_samples_per_{unit}"],
+                                                         r[f"torchrec_pipelined_samples_per_{unit}"]) for r in runs)
+        return f"{median(x):.2f}x [{x[0]:.2f}, {x[-1]:.2f}]"
+
     for name, *_ in CASES:
         runs = [r for r in results if r["case"] == name]
-        wall = sorted(r["embshard_samples_per_s"] / r["torchrec_samples_per_s"] for r in runs)
-        cpu = sorted(r["embshard_samples_per_cpu_s"] / r["torchrec_samples_per_cpu_s"] for r in runs)
+        if not runs:
+            continue
         plan = ", ".join(f"{k} {v}" for k, v in runs[0]["plan"].items())
-        lines.append(
-            f"| {name} | {plan} | {median([r['load_average'] for r in runs]):.1f} "
-            f"| {median([r['embshard_samples_per_s'] for r in runs]):,.0f} "
-            f"| {median([r['torchrec_samples_per_s'] for r in runs]):,.0f} "
-            f"| {median(wall):.2f}x [{wall[0]:.2f}, {wall[-1]:.2f}] | {median(cpu):.2f}x [{cpu[0]:.2f}, {cpu[-1]:.2f}] |")
+        rates = " | ".join(f"{median([r[f'{c}_samples_per_s'] for r in runs]):,.0f}" for c in CONFIGS)
+        lines.append(f"| {name} | {plan} | {median([r['load_average'] for r in runs]):.1f} | {rates} "
+                     f"| {ratio(runs, 'embshard', 's')} | {ratio(runs, 'embshard_pipelined', 's')} "
+                     f"| {ratio(runs, 'embshard', 'cpu_s')} | {ratio(runs, 'embshard_pipelined', 'cpu_s')} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/train.md")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/train.md (train_hosts.md with --hosts 2)")
     parser.add_argument("--repeats", type=int, default=3, help="run every case this many times")
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=1, choices=(1, 2), help="2: on 2 emulated hosts x 2 ranks (root)")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--iters", type=int, default=ITERS, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per configuration")
+    parser.add_argument("--batch", type=int, default=0, help="batch per rank of every case (0: the case's own)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rank is not None:
-        worker(args.rank, args.port, args.json, args.repeats)
+    if args.worker:
+        worker(args)
         return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    json_path = Path(args.out).with_suffix(".json")
-    run_script_ranks(__file__, WORLD_SIZE, lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
-                                                            str(json_path), "--repeats", str(args.repeats)],
-                     env={"PYTHONPATH": str(ROOT)})
-    Path(args.out).write_text(markdown(json.loads(json_path.read_text())))
-    print(Path(args.out).read_text())
+    out = Path(args.out or f"benchmarks/results/{'train' if args.hosts == 1 else 'train_hosts'}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path = out.with_suffix(".json")
+    forwarded = ["--repeats", str(args.repeats), "--only", args.only, "--iters", str(args.iters), "--rounds",
+                 str(args.rounds), "--batch", str(args.batch)]
+    shaping = run_ranks(__file__, ["--worker", "--json", str(json_path.absolute()), *forwarded], hosts=args.hosts,
+                        ranks_per_host=RANKS_PER_HOST, env={"PYTHONPATH": str(ROOT)})
+    meta = {"hosts": args.hosts, "shaping": shaping, "iters": args.iters, "rounds": args.rounds,
+            "command": " ".join([COMMAND, *sys.argv[1:]])}
+    out.write_text(markdown(json.loads(json_path.read_text()), meta))
+    print(out.read_text())
 
 
 if __name__ == "__main__":

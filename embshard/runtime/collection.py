@@ -52,7 +52,7 @@ from embshard.runtime.comm import gather_header, local_part
 from embshard.planner.types import ShardingType
 from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
-from embshard.runtime.input_dist import InputDist, Received
+from embshard.runtime.input_dist import Distributed, InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
 from embshard.runtime.optim import OptimizerConfig
 from embshard.runtime.output_dist import PooledOutputDist, SequenceOutputDist, by_source
@@ -130,6 +130,7 @@ class _ShardedCollection(nn.Module):
             dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg) if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
+        self._staged: tuple[KeyedJaggedTensor, Distributed] | None = None
         if self.inference:
             return
         for table, (kernel, i, slot) in self._blocks().items():
@@ -161,25 +162,38 @@ class _ShardedCollection(nn.Module):
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else nullcontext()
 
-    def _prepare(self, features: KeyedJaggedTensor) -> tuple[Batch, tuple[int, ...]]:
+    def _prepare(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> tuple[Batch, tuple[int, ...]]:
         """Validate the local batch, then agree with every rank on batch sizes (or raise everywhere)."""
         batch, error = check_batch(features, self.routing, self.weighted, self.where)
-        header = gather_header([batch.batch_size if batch else 0], error, self.pg, self.device)
+        header = gather_header([batch.batch_size if batch else 0], error, pg, self.device)
         assert batch is not None
         return batch, tuple(header[:, 0].tolist())
 
-    def _distribute(self, features: KeyedJaggedTensor) -> tuple[Batch, tuple[int, ...], Received | None, list[Received]]:
-        """Validate, agree on batch sizes, then ship ids to shards and to every replica (per replica group)."""
-        batch, batch_sizes = self._prepare(features)
-        received = self.input_dist(batch, batch_sizes) if self.sharded else None
-        replicated = [g.dist.local(batch) if g.local else g.dist(batch, batch_sizes) for g in self.replica_groups]
-        return batch, batch_sizes, received, replicated
+    def distribute(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup | None = None) -> Distributed:
+        """Validate, agree on batch sizes, then ship ids to shards and to every replica (per replica group), over
+        ``pg`` (by default the collection's). A pipeline (pipeline.py) runs it for the next batch on a group and
+        thread of its own, then `stage`s the result."""
+        pg = pg or self.pg
+        batch, batch_sizes = self._prepare(features, pg)
+        received = self.input_dist(batch, batch_sizes, pg) if self.sharded else None
+        replicated = [g.dist.local(batch) if g.local else g.dist(batch, batch_sizes, pg) for g in self.replica_groups]
+        return Distributed(batch, batch_sizes, received, replicated)
+
+    def stage(self, features: KeyedJaggedTensor, distributed: Distributed) -> None:
+        """The next forward, which must be of this very ``features`` object, uses ``distributed`` as its input dist."""
+        self._staged = (features, distributed)
 
     def _distribute_and_look_up(self, features: KeyedJaggedTensor):
-        """Input dist and rank-local lookups: (batch, batch sizes, received, replicated (per replica group),
-        outputs of the sharded kernels, outputs of the replica kernels (per replica group))."""
-        with self._phase("input_dist"):
-            batch, batch_sizes, received, replicated = self._distribute(features)
+        """Input dist (unless staged) and rank-local lookups: (batch, batch sizes, received, replicated (per replica
+        group), outputs of the sharded kernels, outputs of the replica kernels (per replica group))."""
+        staged, self._staged = self._staged, None
+        assert staged is None or staged[0] is features, f"{self.where}: forward of another batch than the one staged"
+        if staged is not None:
+            d = staged[1]
+        else:
+            with self._phase("input_dist"):
+                d = self.distribute(features)
+        batch, batch_sizes, received, replicated = d.batch, d.batch_sizes, d.received, d.replicated
         with self._phase("lookup"):
             outs = self._look_up(self.kernels, received)
             replica_outs = [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, replicated)]

@@ -41,6 +41,15 @@ class Received:
     floats_per_source_kernel: tuple[tuple[int, ...], ...]  # sequence: [source rank][kernel] output floats
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """One collection's input dist of one batch: what its lookups and output dist start from."""
+    batch: Batch
+    batch_sizes: tuple[int, ...]  # every rank's
+    received: Received | None  # None: no sharded table
+    replicated: list[Received]  # per replica group (one per data-parallel mode); [] without data-parallel tables
+
+
 def _cumsum0(x: Tensor) -> Tensor:
     return torch.ops.fbgemm.asynchronous_complete_cumsum(x)
 
@@ -66,21 +75,22 @@ class InputDist:
         self.local_features = torch.tensor([s.feature for s in routing.slots_by_rank[routing.rank]], dtype=torch.int32,
                                            device=device)
 
-    def __call__(self, batch: Batch, batch_sizes: tuple[int, ...]) -> Received:
-        r, W = self.routing, self.routing.world_size
+    def __call__(self, batch: Batch, batch_sizes: tuple[int, ...], pg: dist.ProcessGroup | None = None) -> Received:
+        """Over ``pg`` (the same ranks as the routing's group; by default that group)."""
+        r, W, pg = self.routing, self.routing.world_size, pg or self.pg
         send = self.cutter.cut(batch)
         B = batch.batch_size
         lengths = all_to_all(send.lengths_QB, [self.num_local_slots * b for b in batch_sizes],
-                             [n * B for n in self.slots_per_rank], self.pg)
+                             [n * B for n in self.slots_per_rank], pg)
         sent_per_slot = send.lengths_QB.view(-1, B).sum(1) if B else send.lengths_QB.new_zeros(len(r.send_slots))
         in_splits = torch.zeros(W, dtype=torch.int64, device=self.device).index_add_(0, self.dest_of_slot, sent_per_slot).tolist()
         out_splits = _split_sums(lengths, [self.num_local_slots * b for b in batch_sizes])
         if send.weights is not None:
             packed = torch.stack([send.values, send.weights.view(torch.int32).to(torch.int64)], dim=1)
-            received = all_to_all(packed, out_splits, in_splits, self.pg)
+            received = all_to_all(packed, out_splits, in_splits, pg)
             values, weights = received[:, 0].contiguous(), received[:, 1].to(torch.int32).view(torch.float32)
         else:
-            values, weights = all_to_all(send.values, out_splits, in_splits, self.pg), None
+            values, weights = all_to_all(send.values, out_splits, in_splits, pg), None
         if r.pooled:
             inputs = self._pooled_inputs(lengths, values, weights, batch_sizes)
             return Received(inputs, send, sent_per_slot, ())

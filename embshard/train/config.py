@@ -82,6 +82,9 @@ class TrainConfig:
     log_every_steps: int = 10
     tensorboard: bool = False
     unsharded: bool = False  # one process, TorchRec's modules unsharded (the reference)
+    # read the next batch and run its input dist while this one trains (runtime/pipeline.py); None: when the
+    # ranks span more than one host (measured faster there, slower on one host: README, Training)
+    pipeline: Optional[bool] = None
     plan_file: Optional[str] = None  # load this plan.json instead of planning
     out_dir: str = MISSING
 
@@ -109,6 +112,7 @@ class TrainSettings:
     log_every_steps: int
     tensorboard: bool
     unsharded: bool
+    pipeline: bool | None
     plan_file: str | None
     out_dir: Path
 
@@ -138,7 +142,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         specs=specs, topology=topology, constraints=constraints, planner=value_of(obj.planner), model=model, data=data,
         optim=optim, launcher=launcher, eval=value_of(obj.eval), checkpoint=value_of(obj.checkpoint),
         steps=obj.steps, seed=obj.seed, log_every_steps=obj.log_every_steps, tensorboard=obj.tensorboard,
-        unsharded=obj.unsharded, plan_file=obj.plan_file, out_dir=Path(obj.out_dir))
+        unsharded=obj.unsharded, pipeline=obj.pipeline, plan_file=obj.plan_file, out_dir=Path(obj.out_dir))
     check(settings)
     return settings
 

@@ -5,7 +5,8 @@ dense layers under DDP) or, with ``unsharded``, stay TorchRec's plain modules up
 the reference sparse optimizer. Each step: this rank's batch, BCE loss, backward (the
 fused optimizers update the tables), optional clipping, the dense optimizer. Rank 0 shows a
 progress bar with loss and samples/s and writes the metrics; all ranks evaluate together
-and write their shards of each checkpoint.
+and write their shards of each checkpoint. With ``pipeline``, batch k+1 is read and its input
+dist runs on a side thread while step k trains (runtime/pipeline.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from rich.console import Console
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from tqdm import tqdm
 
 from embshard.data.batch import NUM_DENSE, Batch, FeatureLayout
@@ -26,6 +28,7 @@ from embshard.data.criteo_tsv import TsvStream
 from embshard.data.stream import Stream, open_eval_pass, open_stream
 from embshard.models.dlrm import DLRM
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection, shard_model
+from embshard.runtime.pipeline import InputPipeline
 from embshard.runtime.state import TableShard
 from embshard.train import checkpoint
 from embshard.train.config import TrainSettings
@@ -108,11 +111,16 @@ class Trainer:
                              samples_consumed=self.samples_consumed, position=self.position)
         bar = tqdm(total=s.steps, initial=self.step, disable=not ctx.is_main, unit="step", mininterval=1.0,
                    dynamic_ncols=True)
+        pipeline = self._pipeline(stream)
+        read = pipeline.next if pipeline else lambda: next(stream).to(ctx.device)
         self.t_start, self.start_step = time.perf_counter(), self.step
         interval = _Interval(self.t_start)
         try:
             while self.step < s.steps:
-                interval.add(self._step(next(stream).to(ctx.device)))
+                batch = read()
+                if pipeline and self._reads_ahead():
+                    pipeline.prefetch()
+                interval.add(self._step(batch))
                 bar.update(1)
                 if self.step % s.log_every_steps == 0 or self.step == s.steps:
                     loss, rate = interval.close(ctx, self.batch_size * ctx.world_size)
@@ -129,10 +137,29 @@ class Trainer:
                     interval.restart_clock()
         finally:
             bar.close()
+            if pipeline:
+                pipeline.close()
         self.train_s = time.perf_counter() - self.t_start
         self._evaluate()
         self._save(stream)
         self._finish(stream)
+
+    def _pipeline(self, stream: Stream) -> InputPipeline[Batch] | None:
+        """With ``pipeline``: reads and input dists of the next batch on a side thread (runtime/pipeline.py)."""
+        if self.s.unsharded or not pipelined(self.s.pipeline, self.ctx):
+            return None
+        dlrm = self.model.module
+
+        def inputs(batch: Batch) -> list[tuple[nn.Module, KeyedJaggedTensor]]:
+            return [(dlrm.sparse, batch.sparse)] + ([(dlrm.sequence, batch.sequence)] if dlrm.sequence is not None else [])
+        return InputPipeline(self.ctx.pg, lambda: next(stream).to(self.ctx.device), inputs)
+
+    def _reads_ahead(self) -> bool:
+        """Whether the batch after the step about to run may be read now: not past the last step, nor past a
+        checkpoint (which records how far the stream has been read)."""
+        after = self.step + 1
+        every = self.s.checkpoint.every_steps
+        return after < self.s.steps and not (every and after % every == 0)
 
     def _step(self, batch: Batch) -> Tensor:
         logits = self.model(batch.dense, batch.sparse, batch.sequence)
@@ -181,6 +208,11 @@ class Trainer:
                             ("metrics", self.metrics.path), ("curves", curves), ("checkpoint", self.last_checkpoint)):
             if path is not None:
                 out(f"{label + ':':<11} {path}", markup=False, highlight=False)
+
+
+def pipelined(setting: bool | None, ctx: RankContext) -> bool:
+    """Whether to pipeline the input dist: as set, or (None) when the ranks span more than one host."""
+    return ctx.local_world_size < ctx.world_size if setting is None else setting
 
 
 def dense_optimizer(config: DenseOptimConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

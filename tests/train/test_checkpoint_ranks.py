@@ -28,7 +28,7 @@ GROUP_TIMEOUT_S = 240
 PROMPT_S = 10  # a failure shared at once, far below the 30 s collective timeout
 
 
-def run_group(job: str, world_size: int, config_dir: Path, out: Path) -> list[dict]:
+def run_group(job: str, world_size: int, config_dir: Path, out: Path, worker: Path = WORKER) -> list[dict]:
     """Every rank's result of ``job``; ranks still running at the timeout are killed (and fail the test)."""
     port = free_port()
     procs = []
@@ -36,7 +36,7 @@ def run_group(job: str, world_size: int, config_dir: Path, out: Path) -> list[di
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "RANK": str(rank), "LOCAL_RANK": str(rank),
                "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), job, str(config_dir), str(out)], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(worker), job, str(config_dir), str(out)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs, _ = wait_all(procs, GROUP_TIMEOUT_S)
     results = []

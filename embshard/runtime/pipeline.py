@@ -1,0 +1,68 @@
+"""A pipelined input dist, as TorchRec's `TrainPipelineSparseDist` does: while batch k runs its forward
+and backward, a side thread reads batch k+1 and runs its input dist (validation, the header
+all-gather, the lengths and ids all-to-alls) for every sharded collection; batch k+1's forward then
+starts at its lookups.
+
+The side thread talks over a process group of its own (same ranks, same backend): collectives of one
+group must be issued in the same order on every rank, and the main thread's output dist, gradient
+all-to-alls and DDP all-reduces interleave with the side thread's at random. The results are those of
+the plain step, bit for bit: the same input dist computed earlier. A batch refused by a rank raises
+its ValueError on every rank from `next`, as the plain forward does. Serving (embshard/serving/)
+does not use it: a request batch exists only once its requests have arrived, so there is no next
+batch to distribute early without holding the current one back (more latency).
+
+    pipeline = InputPipeline(pg, read=lambda: next(stream), inputs=lambda b: [(model.sparse, b.sparse)])
+    batch = pipeline.next()        # read and distributed on the side thread (now, if not prefetched)
+    pipeline.prefetch()            # start the next one, then run batch's step
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Generic, Sequence, TypeVar
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embshard.runtime.input_dist import Distributed
+
+T = TypeVar("T")
+Inputs = Callable[[T], Sequence[tuple[nn.Module, KeyedJaggedTensor]]]  # item -> (sharded collection, its features)
+
+
+class InputPipeline(Generic[T]):
+    """``read()``: the next item (a batch); ``inputs(item)``: the collections it goes through, each with its
+    features. Creating one is collective (a new process group): every rank of the default group calls it."""
+
+    def __init__(self, pg: dist.ProcessGroup, read: Callable[[], T], inputs: Inputs) -> None:
+        self.pg = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg))
+        self.read, self.inputs = read, inputs
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="embshard-input-dist")
+        self.pending: Future | None = None
+
+    def prefetch(self) -> None:
+        """Start reading and distributing the next item on the side thread."""
+        assert self.pending is None, "prefetch: the previous item was not taken with next()"
+        self.pending = self.pool.submit(self._prepare)
+
+    def next(self) -> T:
+        """The next item, its input dist staged in its collections (their next forward of it skips that part)."""
+        if self.pending is None:
+            self.prefetch()
+        assert self.pending is not None
+        pending, self.pending = self.pending, None
+        item, staged = pending.result()
+        for collection, features, distributed in staged:
+            collection.stage(features, distributed)
+        return item
+
+    def close(self) -> None:
+        """Wait for the side thread (an item still in flight is dropped) and release the group."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pending = None
+        dist.destroy_process_group(self.pg)
+
+    def _prepare(self) -> tuple[T, list[tuple[nn.Module, KeyedJaggedTensor, Distributed]]]:
+        item = self.read()
+        return item, [(c, features, c.distribute(features, self.pg)) for c, features in self.inputs(item)]
