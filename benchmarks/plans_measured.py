@@ -1,6 +1,7 @@
 """Are embshard's plans faster when run? embshard vs TorchRec's planner vs a greedy baseline, measured.
 
     .venv/bin/python benchmarks/plans_measured.py --profile cpu_gloo_measured
+    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2   # benchmarks/plans_multihost.py
 
 Three pooled workloads for 4 CPU ranks (batch 512 per rank), each a case where placement
 decides the step time (see `workloads`): "one_hot_table" (one table read by 80 ids per sample
@@ -277,7 +278,25 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/plans_measured.json")
     parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
     parser.add_argument("--from-json")
+    hosts = parser.add_argument_group("multi-host mode (benchmarks/plans_multihost.py; needs root: emulated hosts)")
+    hosts.add_argument("--hosts", type=int, default=0, help="emulated hosts (0: the one-host benchmark above)")
+    hosts.add_argument("--ranks-per-host", type=int, default=2)
+    hosts.add_argument("--link-gbit", type=float, default=2.0, help="each host link's rate, each way")
+    hosts.add_argument("--delay-ms", type=float, default=0.1, help="each host link's delay (needs netem)")
+    hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate)")
+    hosts.add_argument("--workloads", nargs="*", help="only these workloads (default all three)")
+    hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
     args = parser.parse_args()
+    if args.hosts:
+        from plans_multihost import markdown as multihost_markdown, run_multihost
+
+        json_path = Path(args.json if args.json != parser.get_default("json") else "benchmarks/results/multihost.json")
+        result = json.loads(Path(args.from_json).read_text()) if args.from_json else run_multihost(args)
+        json_path.write_text(json.dumps(result, indent=1))
+        text = multihost_markdown(result, "sudo .venv/bin/python benchmarks/plans_measured.py " + " ".join(sys.argv[1:]))
+        (REPO / "benchmarks" / "results" / "multihost.md").write_text(f"# Multi-host benchmarks\n\n{text}")
+        print(text)
+        return
     if not (REPO / "embshard" / "configs" / "topology" / f"{args.profile}.yaml").exists():
         sys.exit(f"plans_measured: error: no profile configs/topology/{args.profile}.yaml; run embshard-calibrate profile={args.profile}")
     if args.from_json:

@@ -28,6 +28,7 @@ DATA_PARALLEL_MODES = ("allreduce", "replicated_lookup")
 # Calibrated cost terms: per-unit costs added to the bandwidth model (0 = not modelled).
 CALIBRATED_TERMS = (
     "collective_ms",            # fixed cost of a collective per peer rank (latency; an all-reduce has two steps per peer)
+    "inter_host_collective_ms", # extra fixed cost per peer rank on another host (inter-host latency = collective_ms + this)
     "input_dist_call_ms",       # fixed cost of one collection's input dist (validation, headers, bookkeeping)
     "output_dist_call_ms",      # fixed cost of one collection's output dist, forward and backward each
     "lookup_fwd_call_ms",       # fixed cost of one lookup kernel call, forward
@@ -98,6 +99,7 @@ class Topology:
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
     collective_ms: float = 0.0
+    inter_host_collective_ms: float = 0.0
     input_dist_call_ms: float = 0.0
     output_dist_call_ms: float = 0.0
     lookup_fwd_call_ms: float = 0.0

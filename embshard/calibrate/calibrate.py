@@ -181,7 +181,15 @@ def fit_data(data: Mapping[str, Any]) -> Fit:
     device = data.get("device", "cpu")
     fixed = {} if data.get("collectives") else {
         "intra_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["intra_host_gb_per_s"] * 1e6), "collective_ms": 0.0}
+    if not crossed_hosts(data):
+        fixed.update(inter_host_gb_per_s=1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), inter_host_collective_ms=0.0)
     return fit(samples_of(data), data.get("collectives", []), fixed)
+
+
+def crossed_hosts(data: Mapping[str, Any]) -> int:
+    """How many hosts the measured collectives spanned (0: none crossed a host; embshard.calibrate.hosts)."""
+    return max((r["world_size"] for r in data.get("collectives", []) if r.get("local_world_size", r["world_size"]) < r["world_size"]),
+               default=0)
 
 
 def profile_topology(base: Topology, data: Mapping[str, Any], result: Fit) -> Topology:
@@ -211,14 +219,16 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         *([] if data.get("plans") else ["# per-phase factors are 1: no multi-rank plan was measured."]),
         "# Fit (relative error of per-rank step time): "
         + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
-        f"# inter_host_gb_per_s is not measured on one host (0 = the {data.get('device', 'cpu')} default). See embshard/planner/cost/perf.py.",
+        f"# inter_host_gb_per_s and inter_host_collective_ms fitted on {crossed_hosts(data)} hosts (wall time of collectives between "
+        "them; inter-host latency per peer = collective_ms + inter_host_collective_ms)." if crossed_hosts(data) else
+        f"# inter_host_gb_per_s is not measured on one host (the {data.get('device', 'cpu')} default; run under torchrun on "
+        "several hosts to fit it). See embshard/planner/cost/perf.py.",
     ]
     values = topology.to_dict()
     for key in ("world_size", "local_world_size", "hbm_gib", "batch_size_per_rank", "device", "reserved_fraction"):
         lines.append(f"{key}: {values[key]}")
     for key in BANDWIDTHS:
         lines.append(f"{key}: {_num(values[key])}")
-    lines.append("inter_host_gb_per_s: 0.0")
     lines.append(f"full_duplex: {'true' if values['full_duplex'] else 'false'}")
     lines.append("replicated_dp_lookup: true")
     for key in CALIBRATED_TERMS:

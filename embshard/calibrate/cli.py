@@ -4,12 +4,14 @@
     embshard-plan --config-dir outputs/calibrate topology=mine tables=dlrm_150   # plan with measured costs
     embshard-calibrate profile=mine from_data=outputs/calibrate/mine.json   # refit only
     embshard-calibrate profile=h200 device=cuda topology.world_size=8 topology.local_world_size=8 topology.hbm_gib=139
+    torchrun --nnodes 2 --nproc-per-node 1 --node-rank H ... -m embshard.calibrate.cli profile=two_hosts  # + inter-host terms
 
 A Hydra app over embshard/configs/calibrate.yaml. Measures FBGEMM lookups forward and backward over
 dims, pooling factors, rows and batch sizes; all-to-all and all-reduce over message and
 world sizes; and random layouts of generated workloads on 2 and 4 local ranks (device=cpu:
 gloo ranks; device=cuda: nccl ranks, one GPU each, world sizes above the GPU count skipped;
-device=auto: cuda where torch sees a GPU); fits the
+device=auto: cuda where torch sees a GPU); under torchrun on several hosts also the
+collectives between hosts (embshard.calibrate.hosts: inter-host bandwidth and latency); fits the
 planner's per-phase cost terms (embshard.calibrate.fit) and writes
 out_dir/<profile>.yaml (a topology group folder, default outputs/calibrate/topology: the
 installed package's own configs are not written) and the raw measurements (data_out). Bad input ends with
@@ -28,12 +30,13 @@ from omegaconf.errors import OmegaConfBaseException
 from embshard.calibrate.calibrate import (base_topology, comm_note, fit_data, measure_all, profile_topology, profile_yaml, read_data,
                                           validate, write_data, write_profile)
 from embshard.calibrate.device import BACKENDS, resolve_device
-from embshard.cli import CONFIG_DIR, fail, run_hydra_app
+from embshard.calibrate.hosts import measure_across_hosts
+from embshard.cli import CONFIG_DIR, fail, run_hydra_app, under_torchrun
 
 PROG = "embshard-calibrate"
 
 
-def run(cfg: dict) -> Path:
+def run(cfg: dict) -> Path | None:
     validate(cfg)
     command = " ".join([PROG, *sys.argv[1:]])
     if cfg.get("from_data"):
@@ -41,8 +44,12 @@ def run(cfg: dict) -> Path:
         print(f"refitting {cfg['from_data']} (measured on {data.get('device', 'cpu')}; the device option is not used)", flush=True)
     else:
         device = resolve_device(cfg["device"])
+        across = measure_across_hosts(cfg, device, log=lambda m: print(m, flush=True)) if under_torchrun() else []
+        if across is None:  # a torchrun rank other than 0: its part is done
+            return None
         print(f"measuring on {device} ({BACKENDS[device]})", flush=True)
         data = measure_all(cfg, device, log=lambda m: print(m, flush=True))
+        data["collectives"].extend(across)
         write_data(data, cfg["data_out"])
         print(f"wrote measurements to {cfg['data_out']}", flush=True)
     result = fit_data(data)

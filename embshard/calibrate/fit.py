@@ -1,7 +1,7 @@
 """Fit the cost model's calibrated terms to measurements.
 
 The planner's predicted time of a rank's phase is linear in the terms it is fitted for:
-1 / bandwidth for hbm_gb_per_s and intra_host_gb_per_s, and every term of
+1 / bandwidth for hbm_gb_per_s, intra_host_gb_per_s and inter_host_gb_per_s, and every term of
 Topology.CALIBRATED_TERMS (ns per unit of work, ms per call). So the design matrix is
 built by the cost model itself: column k of a measured (plan, rank, phase) is what
 `embshard.planner.cost.perf.rank_perfs` (the model `evaluate` reports and the search
@@ -37,7 +37,8 @@ from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
 
-BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s")
+BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s")
+LINKS = ("intra_host_gb_per_s", "inter_host_gb_per_s")
 TERMS = (*BANDWIDTHS, *CALIBRATED_TERMS)
 UNIT_GB_PER_S = 1e-6  # a bandwidth of 1e-6 GB/s costs 1 ms per byte
 FLOOR_MS = 0.5
@@ -46,7 +47,7 @@ LOOKUP_PHASES = ("lookup_fwd_ms", "lookup_bwd_ms")
 DIST_PHASES = ("input_dist_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "dp_allreduce_ms")
 LOOKUP_TERMS = ("hbm_gb_per_s", "lookup_fwd_call_ms", "lookup_bwd_call_ms", "lookup_fwd_ns_per_id", "lookup_bwd_ns_per_id", "lookup_bwd_ns_per_row",
                 "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row")
-DIST_TERMS = ("intra_host_gb_per_s", "collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
+DIST_TERMS = ("intra_host_gb_per_s", "inter_host_gb_per_s", "collective_ms", "inter_host_collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
 SEQUENCE_TERMS = ("lookup_ns_per_out_byte", "sequence_bwd_ns_per_row", "sequence_dist_ns_per_id")
 ROUNDS = 4
 
@@ -63,7 +64,6 @@ class Sample:
 def unit_topology(base: Topology, term: str | None) -> Topology:
     """``base`` with every fitted term off (bandwidths infinite) and ``term`` at one unit."""
     values: dict[str, Any] = {t: (math.inf if t in BANDWIDTHS else 0.0) for t in TERMS}
-    values["inter_host_gb_per_s"] = math.inf
     if term is not None:
         values[term] = UNIT_GB_PER_S if term in BANDWIDTHS else 1.0
     return replace(base, full_duplex=False, replicated_dp_lookup=True, **{f: 1.0 for f in PHASE_FACTORS}, **values)
@@ -83,20 +83,30 @@ def plan_rows(sample: Sample, phases: Sequence[str] = PHASES) -> tuple[np.ndarra
 
 
 def collective_rows(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
-    """Design rows of collective microbenchmarks (median over ranks of each point)."""
-    points: dict[tuple[str, int, int], list[float]] = {}
+    """Design rows of collective microbenchmarks (median over ranks of each point).
+
+    A row's ``local_world_size`` (default: its world size, one host) says how its ranks sit
+    on hosts: the bytes and peers on the rank's host cost intra-host bandwidth and
+    collective_ms, those on other hosts inter-host bandwidth and collective_ms +
+    inter_host_collective_ms. Rows that cross hosts are fitted to wall time: waiting on a
+    slower link costs no CPU time."""
+    points: dict[tuple[str, int, int, int], list[float]] = {}
     for row in rows:
-        points.setdefault((row["op"], row["world_size"], row["bytes"]), []).append(row["cpu_ms"])
+        W = row["world_size"]
+        L = row.get("local_world_size", W)
+        points.setdefault((row["op"], W, L, row["bytes"]), []).append(row["wall_ms" if L < W else "cpu_ms"])
     X, y, labels = [], [], []
-    for (op, W, nbytes), cpu in sorted(points.items()):
-        topo = unit_topology(Topology(world_size=W, local_world_size=W, device="cpu"), "intra_host_gb_per_s")
-        # all-to-all: the rank sends and receives (W-1)/W of its buffer; all-reduce: allreduce_ms
-        per_byte = 2 * spread_comm_ms(nbytes, topo) if op == "all_to_all" else allreduce_ms(nbytes, topo)
+    for (op, W, L, nbytes), ms in sorted(points.items()):
         x = [0.0] * len(TERMS)
-        x[TERMS.index("intra_host_gb_per_s")] = per_byte
-        x[TERMS.index("collective_ms")] = (W - 1) * (1 if op == "all_to_all" else 2)
+        for link in LINKS:
+            topo = unit_topology(Topology(world_size=W, local_world_size=L, device="cpu"), link)
+            # all-to-all: the rank sends and receives (W-1)/W of its buffer; all-reduce: allreduce_ms
+            x[TERMS.index(link)] = 2 * spread_comm_ms(nbytes, topo) if op == "all_to_all" else allreduce_ms(nbytes, topo)
+        steps = 1 if op == "all_to_all" else 2
+        x[TERMS.index("collective_ms")] = (W - 1) * steps
+        x[TERMS.index("inter_host_collective_ms")] = (W - L) * steps
         X.append(x)
-        y.append(statistics.median(cpu))
+        y.append(statistics.median(ms))
         labels.append(("collectives", op))
     return np.array(X), np.array(y), labels
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from embshard.topology import Topology
 from embshard.cli import under_torchrun
-from embshard.launch.launcher import check_ranks
+from embshard.launch.launcher import check_ranks, torchrun_ranks
 
 T = TypeVar("T")
 
@@ -44,9 +44,8 @@ class RankContext:
 def start(topology: Topology, timeout_s: float, with_group: bool = True) -> RankContext:
     """Join the job's process group (or form a one-rank group) and pick the device."""
     if under_torchrun():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, (world, local_world) = int(os.environ["RANK"]), torchrun_ranks()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     else:
         rank, world, local_rank, local_world = 0, 1, 0, 1
     check_ranks(topology, world, local_world)

@@ -50,6 +50,12 @@ def check_ranks(topology: Topology, world_size: int, local_world_size: int) -> N
                          "many ranks")
 
 
+def torchrun_ranks() -> tuple[int, int]:
+    """(world size, ranks per host) of the torchrun job this process belongs to."""
+    world = int(os.environ["WORLD_SIZE"])
+    return world, int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
 class _Terminated(Exception):
     """SIGTERM reached the launcher."""
 

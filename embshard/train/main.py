@@ -27,7 +27,7 @@ from embshard.tables_option import with_tables_file
 from embshard.train import config
 from embshard.cli import under_torchrun
 from embshard.launch.child import child_args, user_env
-from embshard.launch.launcher import check_ranks, launch
+from embshard.launch.launcher import check_ranks, launch, torchrun_ranks
 
 PROG = "embshard-train"
 config.register()
@@ -56,6 +56,11 @@ def hydra_main(cfg: DictConfig) -> None:
         if code:
             sys.exit(code)
         return
+    if under_torchrun():  # every rank finds a topology that disagrees with the ranks torchrun started: printed once per host
+        try:
+            check_ranks(settings.topology, *torchrun_ranks())
+        except ValueError as e:
+            cli.fail_config(PROG, str(e))
     from embshard.train.run import run_rank  # torch and friends: only in the processes that train
 
     run_rank(settings, OmegaConf.to_yaml(cfg, resolve=True), fail)

@@ -8,20 +8,22 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from embshard.calibrate.calibrate import profile_yaml
+from embshard.calibrate.calibrate import fit_data, profile_yaml
 from embshard.calibrate.fit import TERMS, Sample, fit, unit_topology
 from embshard.calibrate.kernels import KernelPoint
 from embshard.calibrate.measure import PHASES
 from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.planner import evaluate, plan
-from embshard.planner.cost.perf import expected_distinct_rows, fixed_perf, holder_perf, rank_perf, rank_perfs
+from embshard.planner.cost.perf import (allreduce_ms, collective_fixed_ms, expected_distinct_rows, fixed_perf, holder_perf, rank_perf,
+                                        rank_perfs, spread_comm_ms)
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
 from embshard.workloads import generate_tables
 
 CPU = Topology(world_size=2, local_world_size=2, hbm_gib=4, batch_size_per_rank=64, device="cpu")
-TRUE_TERMS = dict(hbm_gb_per_s=50.0, intra_host_gb_per_s=2.5, collective_ms=0.2, input_dist_call_ms=0.9, output_dist_call_ms=0.3,
+TRUE_TERMS = dict(hbm_gb_per_s=50.0, intra_host_gb_per_s=2.5, inter_host_gb_per_s=0.2, collective_ms=0.2, inter_host_collective_ms=0.8,
+                  input_dist_call_ms=0.9, output_dist_call_ms=0.3,
                   lookup_fwd_call_ms=0.7, lookup_bwd_call_ms=0.2, lookup_fwd_ns_per_id=5.0, lookup_bwd_ns_per_id=20.0,
                   lookup_bwd_ns_per_row=400.0, lookup_ns_per_row_byte=0.25, lookup_ns_per_out_byte=0.2, sequence_bwd_ns_per_row=2000.0,
                   dist_ns_per_id=10.0, dist_ns_per_bag=80.0, dist_ns_per_byte=0.6, sequence_dist_ns_per_id=25.0,
@@ -102,14 +104,15 @@ def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
                                                batch_size_per_rank=256), p_.tables)
         samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "plans"))
     collectives = []
-    for W in (2, 4):
+    # local ranks (one host: CPU time) and one rank on each of 2 or 3 hosts (embshard.calibrate.hosts: wall time)
+    for W, L, clock in ((2, 2, "cpu_ms"), (4, 4, "cpu_ms"), (2, 1, "wall_ms"), (3, 1, "wall_ms")):
         for nbytes in (1000, 10**6, 10**7):
-            t = replace(truth, world_size=W, local_world_size=W)
-            from embshard.planner.cost.perf import allreduce_ms, collective_fixed_ms, spread_comm_ms
-            collectives.append({"op": "all_to_all", "world_size": W, "bytes": nbytes, "rank": 0,
-                                "cpu_ms": collective_fixed_ms(t) + 2 * spread_comm_ms(nbytes, t)})
-            collectives.append({"op": "all_reduce", "world_size": W, "bytes": nbytes, "rank": 0,
-                                "cpu_ms": collective_fixed_ms(t, 2) + allreduce_ms(nbytes, t)})
+            t = replace(truth, world_size=W, local_world_size=L)
+            other = {"wall_ms" if clock == "cpu_ms" else "cpu_ms": 0.01}  # the clock the fit must not read
+            collectives.append({"op": "all_to_all", "world_size": W, "local_world_size": L, "bytes": nbytes, "rank": 0,
+                                clock: collective_fixed_ms(t) + 2 * spread_comm_ms(nbytes, t), **other})
+            collectives.append({"op": "all_reduce", "world_size": W, "local_world_size": L, "bytes": nbytes, "rank": 0,
+                                clock: collective_fixed_ms(t, 2) + allreduce_ms(nbytes, t), **other})
     return samples, collectives
 
 
@@ -131,6 +134,23 @@ def test_fit_recovers_the_terms_and_factors():
     assert not loaded.full_duplex and loaded.replicated_dp_lookup
     for term in (*TERMS, *PHASE_FACTORS):
         assert getattr(loaded, term) == pytest.approx(getattr(got, term), rel=1e-5), term
+
+
+def test_fit_separates_intra_and_inter_host_links_and_the_model_prices_each():
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, **TRUE_TERMS)
+    samples, collectives = synthetic_samples(truth)
+    got = fit(samples, collectives).topology(CPU)
+    assert (got.intra_host_gb_per_s, got.inter_host_gb_per_s) == pytest.approx((2.5, 0.2), rel=1e-3)
+    assert (got.collective_ms, got.inter_host_collective_ms) == pytest.approx((0.2, 0.8), rel=1e-3)
+    # on 2 hosts x 2 ranks: of a rank's spread bytes 1/4 stays in its host, 2/4 cross (at the inter-host rate);
+    # a collective pays 3 peers' latency, the 2 on the other host the inter-host extra too
+    two_hosts = replace(got, world_size=4, local_world_size=2)
+    assert spread_comm_ms(4e6, two_hosts) == pytest.approx(1e6 / 2.5e6 + 2e6 / 0.2e6, rel=1e-3)
+    assert collective_fixed_ms(two_hosts) == pytest.approx(3 * 0.2 + 2 * 0.8, rel=1e-3)
+    # without collectives between hosts (a one-host calibration) the inter-host terms keep the datasheet
+    one_host = fit_data({"device": "cpu", "collectives": [c for c in collectives if c["local_world_size"] == c["world_size"]]})
+    assert one_host.topology(CPU).inter_host_gb_per_s == 1.0 and one_host.theta["inter_host_collective_ms"] == 0.0
+    assert one_host.topology(CPU).intra_host_gb_per_s == pytest.approx(2.5, rel=1e-3)
 
 
 def test_unit_topology_isolates_one_term():

@@ -42,7 +42,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
 - fixed costs of a rank's step (`fixed_perf`): per collection's input and output dist, per
-  lookup kernel call, and collective_ms per collective step and peer rank;
+  lookup kernel call, and collective_ms per collective step and peer rank (plus
+  inter_host_collective_ms per step and peer rank on another host);
 - per-phase efficiency factors (1 in the datasheet model) scale each phase: the terms above
   come from one kernel or collective at a time, the factors from whole steps on all ranks.
 `rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
@@ -261,8 +262,10 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
 
 
 def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
-    """Calibrated fixed cost of one collective: collective_ms per step and peer rank."""
-    return topo.collective_ms * steps_per_peer * (topo.world_size - 1)
+    """Calibrated fixed cost of one collective: collective_ms per step and peer rank, and
+    inter_host_collective_ms more per step and peer rank on another host."""
+    W, L = topo.world_size, topo.local_world_size
+    return (topo.collective_ms * (W - 1) + topo.inter_host_collective_ms * (W - L)) * steps_per_peer
 
 
 def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
