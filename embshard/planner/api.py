@@ -56,7 +56,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     can run (row_wise over all ranks, table_row_wise over whole hosts), so the plan exports
     with embshard.interop.torchrec. inference plans for serving: forward-only time (input
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
-    no optimizer state, gradients or backward buffers); the plan's ``search`` says so. The
+    no optimizer state, gradients or backward buffers); the plan's ``search`` says so. With
+    ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
+    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     """
     clock = Clock(time_budget_s)

@@ -14,7 +14,7 @@ from embshard.planner.plan import SCHEMA_VERSION
 from embshard.planner.cost.perf import ID_BYTES, OUTPUT_BYTES, expected_distinct_rows, holder_perf, row_bytes
 from embshard.planner.cost.storage import holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_SLOT_BYTES, hit_rate
-from embshard.planner.report import rank_table, summary, tiered_tables
+from embshard.planner.report import chart, rank_table, summary, tiered_tables
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.problem import RankState, build_problem
 from embshard.planner.types import Constraints, Location, Shard, ShardingType, TableConstraint
@@ -201,6 +201,10 @@ def test_report_shows_host_memory_and_hit_rates():
         assert "hit rate" in text
     headers = [c.header for c in rank_table(p).columns]
     assert "host GiB / 2.0" in headers
+    fig = chart(p)  # a third panel: host memory per rank against its cap, hit rates in its title
+    assert len(fig.axes) == 3 and fig.axes[2].get_title().startswith("host memory")
+    assert [round(b.get_height(), 6) for b in fig.axes[2].patches] == [round(r.storage.host_bytes / GIB, 6) for r in p.ranks]
+    assert len(chart(ShardingPlan.load(V2_FILE)).axes) == 2  # no host memory for tables: no third panel
 
 
 def test_evaluate_refuses_host_memory_over_the_cap():
