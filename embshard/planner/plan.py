@@ -5,8 +5,10 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 2 (written) stores a data-parallel table once, without shards (its ranks
-are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
+Schema versions: 3 (written) adds each rank's predicted embedding-collective bytes per
+training step (``ranks[i].traffic_bytes``: intra/inter-host, sent/received;
+`embshard.planner.cost.traffic`; absent in serving plans and older files). 2 stores a
+data-parallel table once, without shards (its ranks are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
 """
@@ -21,12 +23,13 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from embshard.fsutil import write_text_atomic
+from embshard.planner.cost.traffic import TrafficBytes
 from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class RankReport:
     rank: int
     perf: Perf
     storage: Storage
+    traffic: TrafficBytes | None = None  # per training step; None: not predicted (serving plans, older files)
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ class ShardingPlan:
             "tables": [_table_dict(t) for t in self.tables],
             "specs": [s.to_dict() for s in self.specs],
             "ranks": [
-                {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict()}
+                {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict(),
+                 **({"traffic_bytes": r.traffic.to_dict()} if r.traffic is not None else {})}
                 for r in self.ranks
             ],
             "search": dict(self.search),
@@ -198,8 +203,10 @@ class ShardingPlan:
         try:
             tables = tuple(_table_from_dict(t, version, by_name, topology, f"{where}.tables[{i}]") for i, t in enumerate(raw["tables"]))
             ranks = tuple(
-                RankReport(int(r["rank"]), Perf.from_dict(r["perf_ms"]), Storage.from_dict(r["memory_bytes"]))
-                for r in raw["ranks"]
+                RankReport(int(r["rank"]), Perf.from_dict(r["perf_ms"]), Storage.from_dict(r["memory_bytes"]),
+                           TrafficBytes.from_dict(r["traffic_bytes"], f"{where}.ranks[{i}].traffic_bytes")
+                           if "traffic_bytes" in r else None)
+                for i, r in enumerate(raw["ranks"])
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed table or rank entry (missing {e}); re-run embshard-plan") from None

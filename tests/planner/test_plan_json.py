@@ -29,7 +29,7 @@ def test_round_trip_is_identical(a_plan, tmp_path):
 
 def test_json_has_the_documented_fields(a_plan):
     raw = json.loads(a_plan.to_json())
-    assert raw["schema_version"] == 2 and raw["input_hash"].startswith("sha256:")
+    assert raw["schema_version"] == 3 and raw["input_hash"].startswith("sha256:")
     kinds = {t["sharding_type"] for t in raw["tables"]}
     assert "data_parallel" in kinds and len(kinds) > 1
     for t in raw["tables"]:
@@ -38,7 +38,9 @@ def test_json_has_the_documented_fields(a_plan):
         else:
             assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
             assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
-    assert set(raw["ranks"][0]) == {"rank", "perf_ms", "memory_bytes"}
+    assert set(raw["ranks"][0]) == {"rank", "perf_ms", "memory_bytes", "traffic_bytes"}
+    assert set(raw["ranks"][0]["traffic_bytes"]) == {"intra_host_sent", "intra_host_received", "inter_host_sent",
+                                                     "inter_host_received"}
     assert raw["lower_bound_ms"] <= raw["objective_ms"]
     assert raw["topology"]["world_size"] == 8
 
@@ -58,7 +60,7 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     raw_v1 = json.loads(V1_FILE.read_text())
     assert raw_v1["schema_version"] == 1
     v2_text = v1.to_json()
-    assert json.loads(v2_text)["schema_version"] == 2
+    assert json.loads(v2_text)["schema_version"] == 3
     v2 = ShardingPlan.from_json(v2_text)
     assert v2 == v1 and v2.input_hash == v1.input_hash == raw_v1["input_hash"]
     assert v2.max_rank_ms == raw_v1["objective_ms"]
@@ -69,6 +71,46 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
         assert list(v2.placement(t["name"]).shards) == listed and v2.placement(t["name"]).ranks == (0, 1, 2, 3)
     others = {t["name"]: t["shards"] for t in raw_v1["tables"] if t["sharding_type"] != "data_parallel"}
     assert {t["name"]: t["shards"] for t in json.loads(v2_text)["tables"] if "shards" in t} == others
+
+
+V2_FILE = Path(__file__).parent / "data" / "plan_v2.json"  # written by embshard at 394f892 (schema version 2)
+
+
+def test_version_2_file_loads_without_traffic_and_evaluates_to_it():
+    raw = json.loads(V2_FILE.read_text())
+    assert raw["schema_version"] == 2 and "traffic_bytes" not in raw["ranks"][0]
+    v2 = ShardingPlan.load(V2_FILE)
+    assert all(r.traffic is None for r in v2.ranks) and v2.max_rank_ms == raw["objective_ms"]
+    written = json.loads(v2.to_json())
+    assert written["schema_version"] == 3 and "traffic_bytes" not in written["ranks"][0]
+    assert ShardingPlan.from_json(v2.to_json()) == v2
+
+
+def test_traffic_bytes_are_the_cost_models_and_round_trip():
+    """2 hosts x 2 ranks: a row_wise table over all 4 ranks (reduced in each host), a table_wise
+    one on rank 1, a data-parallel one (ring all-reduce). Rank 0's bytes per step, by hand (B = 8):
+    a (2 features, P = 2, 64 rows, 16 per shard, dim 8): to each other rank's shard 2 features x
+      (8 lengths + 4 ids) x 8 bytes = 192, and as much from each. Partial sums: 8 samples x 2
+      features x 8 floats = 512 bytes per sample owner. Host 0's reducers: rank 0 for owners 0 and
+      2, rank 1 for owners 1 and 3; host 1's: rank 2 for owners 0 and 2, rank 3 for 1 and 3. So rank
+      0 sends rank 1 its sums for owners 1 and 3 (2 x 512 intra), receives rank 1's for 0 and 2
+      (2 x 512 intra), sends host 0's sums for owner 2 to rank 2 (512 inter) and receives host 1's
+      for itself from rank 2 (512 inter); backward mirrors every message.
+    b (table_wise on rank 1, dim 4, P = 1): 8 lengths + 8 ids = 128 bytes to rank 1; 8 x 4 floats
+      = 128 back, and their gradient (128) to rank 1.
+    c (data-parallel, 30 x 8): a ring all-reduce of 30 x 9 = 270 floats (chunks 68, 68, 67, 67):
+      rank 0 sends 2 x (270 - 68) floats to rank 1 and receives as many from rank 3."""
+    topo = Topology(world_size=4, local_world_size=2, hbm_gib=1, batch_size_per_rank=8)
+    specs = [TableSpec("a", 64, 8, pooling_factor=2, feature_names=("a1", "a2")), TableSpec("b", 40, 4),
+             TableSpec("c", 30, 8)]
+    p = manual_plan(specs, topo, {"a": ("row_wise", (0, 1, 2, 3)), "b": ("table_wise", (1,)), "c": ("data_parallel", ())})
+    t = p.ranks[0].traffic
+    ring = 2 * (270 - 68) * 4
+    assert t.intra_host_sent == 192 + 2 * 2 * 512 + 128 + 128 + ring
+    assert t.intra_host_received == 192 + 2 * 2 * 512 + 128
+    assert t.inter_host_sent == 2 * 192 + 2 * 512
+    assert t.inter_host_received == 2 * 192 + 2 * 512 + ring
+    assert ShardingPlan.from_json(p.to_json()) == p
 
 
 def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
@@ -94,7 +136,7 @@ def _first(kind_is_dp: bool):
     (lambda d: d["tables"][0].update(sharding_type="diagonal"), "unknown sharding type 'diagonal'"),
     (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
-    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 2"),
+    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 3"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())
