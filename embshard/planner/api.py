@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from embshard.planner.cost.perf import rank_perfs
-from embshard.planner.cost.traffic import rank_traffic_bytes
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
@@ -179,8 +178,7 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     used = [s + every_storage for s in storage]
     check_caps(used, topology)
     perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
-    traffic = [None] * W if inference else rank_traffic_bytes(specs, topology, placements)
-    ranks = tuple(RankReport(r, perfs[r], used[r], traffic[r]) for r in range(W))
+    ranks = tuple(RankReport(r, perfs[r], used[r]) for r in range(W))
     if lower_bound is None:
         problem = build_problem(specs, topology, constraints, inference=inference)
         check_memory(problem)

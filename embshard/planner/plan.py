@@ -7,7 +7,8 @@ objective, and a hash of the inputs that produced it.
 
 Schema versions: 3 (written) adds each rank's predicted embedding-collective bytes per
 training step (``ranks[i].traffic_bytes``: intra/inter-host, sent/received;
-`embshard.planner.cost.traffic`; absent in serving plans and older files). 2 stores a
+`embshard.planner.cost.traffic`; derived from the placement, so older files get them too,
+and serving plans none). 2 stores a
 data-parallel table once, without shards (its ranks are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from embshard.fsutil import write_text_atomic
-from embshard.planner.cost.traffic import TrafficBytes
+from embshard.planner.cost.traffic import TrafficBytes, rank_traffic_bytes
 from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
@@ -100,7 +101,6 @@ class RankReport:
     rank: int
     perf: Perf
     storage: Storage
-    traffic: TrafficBytes | None = None  # per training step; None: not predicted (serving plans, older files)
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,14 @@ class ShardingPlan:
         totals = [r.perf.total_ms for r in self.ranks]
         return max(totals) / (sum(totals) / len(totals)) if sum(totals) > 0 else 1.0
 
+    @cached_property
+    def traffic(self) -> list[TrafficBytes] | None:
+        """Each rank's predicted embedding-collective bytes per training step (derived, like the
+        objective: written to plan.json, recomputed on load); None for serving plans."""
+        if self.search.get("inference", False):
+            return None
+        return rank_traffic_bytes(self.specs, self.topology, self.tables)
+
     def placement(self, name: str) -> TablePlacement:
         return self._placements[name]
 
@@ -156,7 +164,7 @@ class ShardingPlan:
             "specs": [s.to_dict() for s in self.specs],
             "ranks": [
                 {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict(),
-                 **({"traffic_bytes": r.traffic.to_dict()} if r.traffic is not None else {})}
+                 **({"traffic_bytes": self.traffic[r.rank].to_dict()} if self.traffic is not None else {})}
                 for r in self.ranks
             ],
             "search": dict(self.search),
@@ -203,10 +211,8 @@ class ShardingPlan:
         try:
             tables = tuple(_table_from_dict(t, version, by_name, topology, f"{where}.tables[{i}]") for i, t in enumerate(raw["tables"]))
             ranks = tuple(
-                RankReport(int(r["rank"]), Perf.from_dict(r["perf_ms"]), Storage.from_dict(r["memory_bytes"]),
-                           TrafficBytes.from_dict(r["traffic_bytes"], f"{where}.ranks[{i}].traffic_bytes")
-                           if "traffic_bytes" in r else None)
-                for i, r in enumerate(raw["ranks"])
+                RankReport(int(r["rank"]), Perf.from_dict(r["perf_ms"]), Storage.from_dict(r["memory_bytes"]))
+                for r in raw["ranks"]
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed table or rank entry (missing {e}); re-run embshard-plan") from None

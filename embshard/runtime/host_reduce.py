@@ -2,7 +2,7 @@
 
 A *group* is the row shards of one feature (and column block) on one host. When a group
 has two or more members, they all-to-all their partial sums inside the host's sub-group
-so that, for every sample owner w, one member (`embshard.planner.cost.traffic.reducer_of`)
+so that, for every sample owner w, one member (`embshard.planner.cost.traffic.reducers`)
 holds the host's sum of w's rows; only that member sends them to w, so each owner gets
 one copy per host instead of one per row shard. Backward mirrors it through autograd:
 gradients reach each host's reducer once and fan out to the members inside the host.
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.planner.cost.traffic import reducer_of
+from embshard.planner.cost.traffic import reducers
 from embshard.runtime.comm import all_to_all_autograd
 from embshard.runtime.routing import Routing, Slot
 
@@ -31,6 +31,7 @@ class Group:
     members: tuple[int, ...]  # sorted ranks
     slot_index: tuple[int, ...]  # each member's index of the group's slot in its slots_by_rank
     num_cols: int
+    reducer: tuple[int, ...]  # for every sample owner, the member that sends it the host's sum
 
 
 def reduced_groups(routing: Routing, local_world_size: int) -> tuple[Group, ...]:
@@ -39,7 +40,8 @@ def reduced_groups(routing: Routing, local_world_size: int) -> tuple[Group, ...]
     for r, slots in enumerate(routing.slots_by_rank):
         for i, s in enumerate(slots):
             found.setdefault((r // local_world_size, s.feature, s.col_offset, s.num_cols), []).append((r, i))
-    return tuple(Group(key[0], tuple(r for r, _ in m), tuple(i for _, i in m), key[3])
+    return tuple(Group(key[0], tuple(r for r, _ in m), tuple(i for _, i in m), key[3],
+                       tuple(reducers([r for r, _ in m], routing.world_size).tolist()))
                  for key, m in found.items() if len(m) > 1)
 
 
@@ -63,7 +65,7 @@ class HostReduction:
         self.direct_cols = [c for i, s in enumerate(mine) if (me, i) not in reduced
                             for c in range(self.col_start[i], self.col_start[i] + s.num_cols)]
         self.my_groups = [g for g in groups if me in g.members]
-        self.assigned = [[g for g in self.my_groups if reducer_of(g.members, w) == me] for w in range(W)]
+        self.assigned = [[g for g in self.my_groups if g.reducer[w] == me] for w in range(W)]
         self.width_to = [len(self.direct_cols) + sum(g.num_cols for g in self.assigned[w]) for w in range(W)]
         self.sub_pg = host_group(pg, self.host, L) if any(g.host == self.host for g in groups) else None
         self._cache: dict[tuple[int, ...], tuple] = {}
@@ -73,7 +75,7 @@ class HostReduction:
         slots = self.routing.slots_by_rank[source]
         direct = [s for i, s in enumerate(slots) if (source, i) not in self.reduced]
         return direct + [slots[g.slot_index[g.members.index(source)]] for g in self.groups
-                         if source in g.members and reducer_of(g.members, self.routing.rank) == source]
+                         if source in g.members and g.reducer[self.routing.rank] == source]
 
     def _my_slot_cols(self, g: Group) -> int:
         return self.col_start[g.slot_index[g.members.index(self.routing.rank)]]
@@ -99,7 +101,7 @@ class HostReduction:
             for g in self.my_groups:
                 cols = torch.arange(g.num_cols, device=dev) + self._my_slot_cols(g)
                 for w in range(W):
-                    if reducer_of(g.members, w) == p:
+                    if g.reducer[w] == p:
                         send1.append((rows[w].unsqueeze(1) * self.my_width + cols).reshape(-1))
                         n += batch_sizes[w] * g.num_cols
             in1.append(n)

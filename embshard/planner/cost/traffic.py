@@ -11,8 +11,8 @@ rank's ids of a feature, unweighted (per-id weights double the id bytes).
 
 Row-wise partial sums (pooled row_wise / table_row_wise) are reduced inside each host
 first: the row shards of one feature on one host (its *members*) all-to-all their partial
-sums so that one member, `reducer_of`, holds the host's sum for each sample owner, and that
-member alone sends it to the owner (backward mirrors it). A host with one member sends
+sums so that one member holds the host's sum for each sample owner, and that
+member alone sends it to the owner (backward mirrors it; `reducers`). A host with one member sends
 directly. The all-reduce is counted as a ring over the ranks in rank order
 (`ring_allreduce_sent`): the counter cannot see inside the backend's algorithm.
 """
@@ -20,7 +20,9 @@ directly. The all-reduce is counted as a ring over the ranks in rank order
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Sequence
+
+import numpy as np
 
 from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
@@ -47,26 +49,19 @@ class TrafficBytes:
     def to_dict(self) -> dict[str, float]:
         return {f.name: _whole(getattr(self, f.name)) for f in fields(self)}
 
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], where: str) -> "TrafficBytes":
-        unknown = sorted(set(raw) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; expected {[f.name for f in fields(cls)]}")
-        return cls(**{k: float(v) for k, v in raw.items()})
-
 
 def _whole(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-def reducer_of(members: Sequence[int], dest: int) -> int:
-    """The member of a host's row shards that sends the host's reduced partial sums to ``dest``:
-    ``dest`` itself if it is a member, else the members in turn over the other ranks.
+def reducers(members: Sequence[int], world_size: int) -> np.ndarray:
+    """For every sample owner w, the member of a host's row shards that sends it the host's reduced
+    partial sums: w itself if it is a member, else the members in turn over the other ranks.
     members: sorted ranks; the runtime and this model share this rule."""
-    if dest in members:
-        return dest
-    others = dest - sum(1 for m in members if m < dest)  # dest's position among the non-members
-    return members[others % len(members)]
+    mem = np.asarray(members, dtype=np.int64)
+    dest = np.arange(world_size, dtype=np.int64)
+    others = dest - np.searchsorted(mem, dest)  # w's position among the non-members
+    return np.where(np.isin(dest, mem), dest, mem[others % len(mem)])
 
 
 def host_members(ranks: Sequence[int], local_world_size: int) -> list[list[int]]:
@@ -88,27 +83,46 @@ def ring_allreduce_sent(num_elems: int, world_size: int) -> list[int]:
 
 
 class _Links:
-    """Bytes from rank to rank (the diagonal, a rank's own data, is free)."""
+    """Each rank's bytes sent and received, by link class (a rank's own data is free). Messages
+    between one rank and every rank are summed per host, in O(1), and spread at the end."""
 
     def __init__(self, topo: Topology) -> None:
-        self.topo = topo
-        self.sent = [[0.0] * topo.world_size for _ in range(topo.world_size)]
+        self.W, self.L = topo.world_size, topo.local_world_size
+        self.host = np.arange(self.W) // self.L
+        self.totals = np.zeros((4, self.W))  # intra sent, intra received, inter sent, inter received
+        self.to_host, self.to_self = np.zeros(topo.num_hosts), np.zeros(self.W)  # every rank -> q on host h
+        self.from_host, self.from_self = np.zeros(topo.num_hosts), np.zeros(self.W)  # q on host h -> every rank
 
-    def add(self, src: int, dst: int, num_bytes: float, both_ways: bool = False) -> None:
-        if src != dst:
-            self.sent[src][dst] += num_bytes
-            if both_ways:  # a forward message whose gradient comes back in backward
-                self.sent[dst][src] += num_bytes
+    def to_one(self, q: int, num_bytes: float) -> None:
+        """Every rank sends ``num_bytes`` to rank q."""
+        self.to_host[self.host[q]] += num_bytes
+        self.to_self[q] += num_bytes
+        self.totals[1, q] += num_bytes * (self.L - 1)
+        self.totals[3, q] += num_bytes * (self.W - self.L)
+
+    def from_one(self, q: int, num_bytes: float) -> None:
+        """Rank q sends ``num_bytes`` to every rank."""
+        self.from_host[self.host[q]] += num_bytes
+        self.from_self[q] += num_bytes
+        self.totals[0, q] += num_bytes * (self.L - 1)
+        self.totals[2, q] += num_bytes * (self.W - self.L)
+
+    def add(self, src, dst, num_bytes) -> None:
+        """Messages src[i] -> dst[i] of num_bytes[i] (scalars broadcast)."""
+        src, dst, n = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(num_bytes, dtype=np.float64))
+        keep = src != dst
+        src, dst, n = src[keep], dst[keep], n[keep]
+        inter = (self.host[src] != self.host[dst]).astype(np.int64) * 2
+        np.add.at(self.totals, (inter, src), n)
+        np.add.at(self.totals, (inter + 1, dst), n)
 
     def per_rank(self) -> list[TrafficBytes]:
-        W, host = self.topo.world_size, self.topo.host_of
-        out = []
-        for r in range(W):
-            same = [host(w) == host(r) for w in range(W)]
-            out.append(TrafficBytes(
-                sum(self.sent[r][w] for w in range(W) if same[w]), sum(self.sent[w][r] for w in range(W) if same[w]),
-                sum(self.sent[r][w] for w in range(W) if not same[w]), sum(self.sent[w][r] for w in range(W) if not same[w])))
-        return out
+        t = self.totals.copy()
+        t[0] += self.to_host[self.host] - self.to_self
+        t[2] += self.to_host.sum() - self.to_host[self.host]
+        t[1] += self.from_host[self.host] - self.from_self
+        t[3] += self.from_host.sum() - self.from_host[self.host]
+        return [TrafficBytes(*(float(x) for x in col)) for col in t.T]
 
 
 def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: Sequence) -> list[TrafficBytes]:
@@ -135,38 +149,35 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
 
 def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Sequence, links: _Links) -> None:
     B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
+    row_sums = spec.pooled and stype.splits_rows
     for s in shards:
         ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
-        out_elems = (B if spec.pooled else ids) * s.num_cols
-        for w in range(W):
-            links.add(w, s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
-            if not (spec.pooled and stype.splits_rows):
-                links.add(s.rank, w, F * out_elems * OUTPUT_BYTES, both_ways=True)
-    if spec.pooled and stype.splits_rows:
+        links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
+        if not row_sums:  # outputs, and their gradients back
+            out = F * (B if spec.pooled else ids) * s.num_cols * OUTPUT_BYTES
+            links.from_one(s.rank, out)
+            links.to_one(s.rank, out)
+    if row_sums:
         block = B * spec.embedding_dim * OUTPUT_BYTES * F  # one sample owner's partial sums of every feature
+        owners = np.arange(W)
         for members in host_members([s.rank for s in shards], topo.local_world_size):
-            for w in range(W):
-                reducer = reducer_of(members, w)
-                if len(members) > 1:
-                    for m in members:
-                        links.add(m, reducer, block, both_ways=True)
-                links.add(reducer, w, block, both_ways=True)
+            reducer = reducers(members, W)
+            for src, dst in ([(m, reducer) for m in members] if len(members) > 1 else []) + [(reducer, owners)]:
+                links.add(src, dst, block)  # the sums
+                links.add(dst, src, block)  # their gradients
 
 
 def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
     """Ids to every replica; in backward, each rank's output gradients to every replica."""
-    B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
+    B, P, F = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features
     ids = B * P
     rows = B if spec.pooled else ids
-    for w in range(W):
-        for q in range(W):
-            links.add(w, q, F * (B * LENGTH_BYTES + ids * ID_BYTES))
-            links.add(w, q, F * rows * spec.embedding_dim * OUTPUT_BYTES)
+    for q in range(topo.world_size):
+        links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * OUTPUT_BYTES)
 
 
 def _ring_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
     links = _Links(topo)
     W = topo.world_size
-    for r, n in enumerate(ring_allreduce_sent(num_elems, W)):
-        links.add(r, (r + 1) % W, n * GRAD_BYTES)
+    links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * GRAD_BYTES)
     return links.per_rank()
