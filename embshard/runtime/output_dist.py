@@ -64,7 +64,8 @@ class PooledOutputDist:
     def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, local_world_size: int | None = None) -> None:
         self.routing, self.pg, self.device = routing, pg, device
         feats = routing.features
-        groups = reduced_groups(routing, local_world_size or routing.world_size)
+        local_world_size = local_world_size or routing.world_size  # None: one host
+        groups = reduced_groups(routing, local_world_size)
         # row-wise partial sums reduced in each host first (host_reduce.py); else every slot travels as is
         self.host_reduction = HostReduction(routing, groups, local_world_size, pg, device) if groups else None
         source_slots = [self.host_reduction.blocks_from(r) if self.host_reduction else routing.slots_by_rank[r]
