@@ -5,7 +5,10 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 4 (written) records each data-parallel table's mode (``data_parallel_mode``,
+Schema versions: 5 (written) adds each rank's predicted embedding-collective bytes per
+training step (``ranks[i].traffic_bytes``: intra/inter-host, sent/received;
+`embshard.planner.cost.traffic`; derived from the placement, so older files get them too,
+and serving plans none); 4 records each data-parallel table's mode (``data_parallel_mode``,
 the cheaper of the two the runtime runs, as the planner priced it; older files load with their
 topology's, `Topology.data_parallel_mode`, as they ran); 3 adds each shard's ``location`` (hbm,
 uvm_cache, host) and ``cache_rows``, listed only for shards not in HBM, and per rank
@@ -26,12 +29,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from embshard.fsutil import write_text_atomic
 from embshard.planner.cost.tiers import check_cache_rows
+from embshard.planner.cost.traffic import TrafficBytes, rank_traffic_bytes
 from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, ShardingType, Storage
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,14 @@ class ShardingPlan:
         totals = [r.perf.total_ms for r in self.ranks]
         return max(totals) / (sum(totals) / len(totals)) if sum(totals) > 0 else 1.0
 
+    @cached_property
+    def traffic(self) -> list[TrafficBytes] | None:
+        """Each rank's predicted embedding-collective bytes per training step (derived, like the
+        objective: written to plan.json, recomputed on load); None for serving plans."""
+        if self.search.get("inference", False):
+            return None
+        return rank_traffic_bytes(self.specs, self.topology, self.tables)
+
     def placement(self, name: str) -> TablePlacement:
         return self._placements[name]
 
@@ -159,7 +171,8 @@ class ShardingPlan:
             "tables": [_table_dict(t) for t in self.tables],
             "specs": [s.to_dict() for s in self.specs],
             "ranks": [
-                {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict()}
+                {"rank": r.rank, "perf_ms": r.perf.to_dict(), "memory_bytes": r.storage.to_dict(),
+                 **({"traffic_bytes": self.traffic[r.rank].to_dict()} if self.traffic is not None else {})}
                 for r in self.ranks
             ],
             "search": dict(self.search),

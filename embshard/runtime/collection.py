@@ -307,7 +307,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode)
-        self.output_dist = PooledOutputDist(self.routing, pg, self.device)
+        self.output_dist = PooledOutputDist(self.routing, pg, self.device, plan.topology.local_world_size)
         self._keys = list(self.routing.feature_names)
         self._dims = [f.dim for f in self.routing.features]
 

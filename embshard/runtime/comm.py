@@ -1,24 +1,96 @@
-"""Collectives of the runtime: all-to-all with split sizes, and a header gather that
-makes every rank raise when one rank rejects its input.
+"""Collectives of the runtime: all-to-all with split sizes, the all-reduce of data-parallel
+gradients, and a header gather that makes every rank raise when one rank rejects its input.
 
 All tensors are split along dim 0; split sizes count rows. Works on gloo (CPU) and nccl
 (GPU: tensors must live on the rank's device).
+
+`counting_traffic` counts the bytes this rank sends and receives in every all-to-all and
+all-reduce issued through here (not the header gather), intra- and inter-host: what
+`embshard.planner.cost.traffic` predicts. Off, it costs one check per collective.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from embshard.planner.cost.traffic import TrafficBytes, ring_allreduce_sent
+
+
+class TrafficCounter:
+    """Bytes this rank sent and received, per link class, since it was made (or `reset`).
+
+    Ranks are those of ``pg`` (the plan's ranks); rank r is on host r // local_world_size.
+    Collectives on sub-groups of ``pg`` count by their members' ranks in ``pg``."""
+
+    def __init__(self, pg: dist.ProcessGroup, local_world_size: int) -> None:
+        self.local_world_size = local_world_size
+        self.rank_in_pg = {g: r for r, g in enumerate(dist.get_process_group_ranks(pg))}
+        self.host = self.rank_in_pg[dist.get_rank()] // local_world_size
+        self._groups: dict[int, list[bool]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.bytes = TrafficBytes()
+
+    def _same_host(self, group: dist.ProcessGroup) -> list[bool]:
+        """For each rank of ``group``: is it on this rank's host."""
+        key = id(group)
+        if key not in self._groups:
+            self._groups[key] = [self.rank_in_pg[g] // self.local_world_size == self.host
+                                 for g in dist.get_process_group_ranks(group)]
+        return self._groups[key]
+
+    def add(self, sent_to: Sequence[int], received_from: Sequence[int], group: dist.ProcessGroup) -> None:
+        """Bytes sent to / received from each rank of ``group`` (this rank's own entries are skipped)."""
+        me, same = dist.get_rank(group), self._same_host(group)
+        intra_s = sum(n for r, n in enumerate(sent_to) if same[r] and r != me)
+        intra_r = sum(n for r, n in enumerate(received_from) if same[r] and r != me)
+        self.bytes = self.bytes + TrafficBytes(intra_s, intra_r, sum(sent_to) - intra_s - sent_to[me],
+                                               sum(received_from) - intra_r - received_from[me])
+
+
+_counters: list[TrafficCounter] = []
+
+
+@contextmanager
+def counting_traffic(pg: dist.ProcessGroup, local_world_size: int) -> Iterator[TrafficCounter]:
+    """Count this rank's collective bytes while the block runs (``counter.bytes``)."""
+    counter = TrafficCounter(pg, local_world_size)
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
 
 
 def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], pg: dist.ProcessGroup) -> Tensor:
     """Send rows ``x[sum(in_splits[:r]) : +in_splits[r]]`` to rank r; receive ``out_splits[r]`` rows from rank r."""
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=pg)
+    if _counters:
+        row_bytes = x.element_size() * math.prod(x.shape[1:])
+        for counter in _counters:
+            counter.add([n * row_bytes for n in in_splits], [n * row_bytes for n in out_splits], pg)
     return out
+
+
+def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
+    """Sum ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
+    dist.all_reduce(x, group=pg)
+    if _counters:
+        W, me = dist.get_world_size(pg), dist.get_rank(pg)
+        sent = [n * x.element_size() for n in ring_allreduce_sent(x.numel(), W)]
+        to, frm = [0] * W, [0] * W
+        to[(me + 1) % W] += sent[me]
+        frm[(me - 1) % W] += sent[(me - 1) % W]
+        for counter in _counters:
+            counter.add(to, frm, pg)
 
 
 class _AllToAll(torch.autograd.Function):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from embshard.runtime.comm import all_reduce
 from embshard.runtime.input_dist import Received
 from embshard.runtime.optim import OptimizerConfig, apply_update
 from embshard.runtime.routing import KernelSpec
@@ -83,7 +84,7 @@ class DenseReplicas:
                 parts.append((g.new_zeros(num_rows, w).index_add_(0, rows, g.float()),
                               torch.bincount(rows, minlength=num_rows).to(g.dtype)))
         flat = torch.cat([t.reshape(-1) for part in parts for t in part])
-        dist.all_reduce(flat, group=self.pg)
+        all_reduce(flat, self.pg)
         reduced = iter(flat.split([t.numel() for part in parts for t in part]))
         world = dist.get_world_size(self.pg)
         with torch.no_grad():

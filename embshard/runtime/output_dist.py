@@ -2,7 +2,8 @@
 the unsharded collection returns.
 
 Pooled: every kernel's output [B_global, width] is already grouped by source rank, so it
-travels as is (one all-to-all); the owner puts each received column block in its place
+travels as is (one all-to-all; row-wise partial sums are first reduced inside each host,
+host_reduce.py); the owner puts each received column block in its place
 in [B, sum of dims] (a permutation of runs of columns; row-wise partial sums are added
 with index_add) and divides mean-pooled features by the true bag length. Sequence: rows
 go back in the order they came and a permutation puts them at their id's position in the
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from embshard.runtime.comm import all_to_all_autograd
 from embshard.runtime.features import Batch
+from embshard.runtime.host_reduce import HostReduction, reduced_groups
 from embshard.runtime.input_dist import Received
 from embshard.runtime.routing import Routing
 
@@ -59,16 +61,22 @@ def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tupl
 
 
 class PooledOutputDist:
-    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device) -> None:
+    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, local_world_size: int | None = None) -> None:
         self.routing, self.pg, self.device = routing, pg, device
         feats = routing.features
+        local_world_size = local_world_size or routing.world_size  # None: one host
+        groups = reduced_groups(routing, local_world_size)
+        # row-wise partial sums reduced in each host first (host_reduce.py); else every slot travels as is
+        self.host_reduction = HostReduction(routing, groups, local_world_size, pg, device) if groups else None
+        source_slots = [self.host_reduction.blocks_from(r) if self.host_reduction else routing.slots_by_rank[r]
+                        for r in range(routing.world_size)]
         cols = [torch.arange(feats[s.feature].col_offset + s.col_offset, feats[s.feature].col_offset + s.col_offset + s.num_cols)
-                for slots in routing.slots_by_rank for s in slots]
+                for slots in source_slots for s in slots]
         replica_slots = routing.replicas.slots_by_rank[routing.rank] if routing.replicas else ()
         cols += [torch.arange(feats[s.feature].col_offset, feats[s.feature].col_offset + s.num_cols) for s in replica_slots]
         self.target_cols = (torch.cat(cols) if cols else torch.zeros(0, dtype=torch.int64)).to(device)
         self.sharded = bool(routing.send_slots)
-        self.widths = [routing.slot_width(r) for r in range(routing.world_size)]
+        self.widths = [sum(s.num_cols for s in slots) for slots in source_slots]  # columns each rank sends here
         self.replica_widths = [sum(s.num_cols for s in replica_slots)] if replica_slots else []
         self.mean_cols = torch.tensor([f.mean for f in feats for _ in range(f.dim)], device=device)
         self.col_feature = torch.tensor([i for i, f in enumerate(feats) for _ in range(f.dim)], device=device)
@@ -103,9 +111,12 @@ class PooledOutputDist:
             # A rank without shards still joins the backward all-to-all: its empty input needs a gradient.
             local = kernel_outputs[0] if len(kernel_outputs) == 1 else torch.cat(kernel_outputs, dim=1) if kernel_outputs \
                 else torch.zeros(sum(batch_sizes), 0, device=self.device, requires_grad=True)
-            my_width = local.shape[1]
-            pieces.insert(0, all_to_all_autograd(local.reshape(-1), [B * w for w in self.widths],
-                                                 [b * my_width for b in batch_sizes], self.pg, grad_scale=1.0 / r.world_size))
+            if self.host_reduction:
+                message, in_splits = self.host_reduction(local, batch_sizes)
+            else:
+                message, in_splits = local.reshape(-1), [b * local.shape[1] for b in batch_sizes]
+            pieces.insert(0, all_to_all_autograd(message, [B * w for w in self.widths], in_splits, self.pg,
+                                                 grad_scale=1.0 / r.world_size))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         index, inverse = self._scatter_index(B)
         if self.one_to_one:

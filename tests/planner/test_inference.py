@@ -28,13 +28,13 @@ def test_int8_rows_carry_fbgemm_scale_and_bias():
 
 
 @pytest.mark.parametrize("dtype, inference, rank0, rank1", [
-    # weights 100 rows x (8 + 4) B; ids 8 x 8 B + lengths 8 x 4 B + outputs 8 bags x 8 x 4 B (fp32, no gradient);
+    # weights 100 rows x (8 + 4) B; ids 8 x 8 B + lengths 8 x 8 B (int64) + outputs 8 bags x 8 x 4 B (fp32, no gradient);
     # every rank: its 4 bags' fp32 outputs (128 B)
-    ("int8", True, {"weights_bytes": 1200, "optimizer_bytes": 0, "io_bytes": 352 + 128}, 128),
+    ("int8", True, {"weights_bytes": 1200, "optimizer_bytes": 0, "io_bytes": 384 + 128}, 128),
     # fp32 serving: 100 x 32 B of weights, the same buffers
-    ("fp32", True, {"weights_bytes": 3200, "optimizer_bytes": 0, "io_bytes": 352 + 128}, 128),
+    ("fp32", True, {"weights_bytes": 3200, "optimizer_bytes": 0, "io_bytes": 384 + 128}, 128),
     # training: rowwise_adagrad state (4 B per row), outputs and their gradients (2 x 256 B, 2 x 128 B)
-    ("fp32", False, {"weights_bytes": 3200, "optimizer_bytes": 400, "io_bytes": 608 + 256}, 256),
+    ("fp32", False, {"weights_bytes": 3200, "optimizer_bytes": 400, "io_bytes": 640 + 256}, 256),
 ])
 def test_exact_bytes_of_a_table_wise_table(dtype, inference, rank0, rank1):
     spec = TableSpec("a", 100, 8, dtype=dtype)

@@ -39,7 +39,9 @@ def test_json_has_the_documented_fields(a_plan):
         else:
             assert set(t) == {"name", "sharding_type", "compute_kernel", "shards"}
             assert set(t["shards"][0]) == {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
-    assert set(raw["ranks"][0]) == {"rank", "perf_ms", "memory_bytes"}
+    assert set(raw["ranks"][0]) == {"rank", "perf_ms", "memory_bytes", "traffic_bytes"}
+    assert set(raw["ranks"][0]["traffic_bytes"]) == {"intra_host_sent", "intra_host_received", "inter_host_sent",
+                                                     "inter_host_received"}
     assert raw["lower_bound_ms"] <= raw["objective_ms"]
     assert raw["topology"]["world_size"] == 8
 
@@ -84,6 +86,48 @@ def test_version_2_file_loads_with_its_topology_data_parallel_mode():
     assert modes == {"big": "replicated_lookup", "tiny": "replicated_lookup", "tw": None}
     v3 = ShardingPlan.from_json(v2.to_json())
     assert v3 == v2 and json.loads(v2.to_json())["schema_version"] == SCHEMA_VERSION
+
+
+V2_TRAFFIC_FILE = Path(__file__).parent / "data" / "plan_v2_traffic.json"  # written by embshard at 394f892 (schema version 2)
+
+
+def test_version_2_file_loads_and_gains_its_traffic_bytes():
+    raw = json.loads(V2_TRAFFIC_FILE.read_text())
+    assert raw["schema_version"] == 2 and "traffic_bytes" not in raw["ranks"][0]
+    v2 = ShardingPlan.load(V2_TRAFFIC_FILE)
+    assert v2.max_rank_ms == raw["objective_ms"] and [r["perf_ms"] for r in raw["ranks"]] == [r.perf.to_dict() for r in v2.ranks]
+    written = json.loads(v2.to_json())
+    assert written["schema_version"] == SCHEMA_VERSION
+    assert [r["traffic_bytes"] for r in written["ranks"]] == [t.to_dict() for t in v2.traffic]
+    assert ShardingPlan.from_json(v2.to_json()) == v2
+
+
+def test_traffic_bytes_are_the_cost_models_and_round_trip():
+    """2 hosts x 2 ranks: a row_wise table over all 4 ranks (reduced in each host), a table_wise
+    one on rank 1, a data-parallel one (ring all-reduce). Rank 0's bytes per step, by hand (B = 8):
+    a (2 features, P = 2, 64 rows, 16 per shard, dim 8): to each other rank's shard 2 features x
+      (8 lengths + 4 ids) x 8 bytes = 192, and as much from each. Partial sums: 8 samples x 2
+      features x 8 floats = 512 bytes per sample owner. Host 0's reducers: rank 0 for owners 0 and
+      2, rank 1 for owners 1 and 3; host 1's: rank 2 for owners 0 and 2, rank 3 for 1 and 3. So rank
+      0 sends rank 1 its sums for owners 1 and 3 (2 x 512 intra), receives rank 1's for 0 and 2
+      (2 x 512 intra), sends host 0's sums for owner 2 to rank 2 (512 inter) and receives host 1's
+      for itself from rank 2 (512 inter); backward mirrors every message.
+    b (table_wise on rank 1, dim 4, P = 1): 8 lengths + 8 ids = 128 bytes to rank 1; 8 x 4 floats
+      = 128 back, and their gradient (128) to rank 1.
+    c (data-parallel, 30 x 8): a ring all-reduce of 30 x 9 = 270 floats (chunks 68, 68, 67, 67):
+      rank 0 sends 2 x (270 - 68) floats to rank 1 and receives as many from rank 3."""
+    topo = Topology(world_size=4, local_world_size=2, hbm_gib=1, batch_size_per_rank=8)
+    specs = [TableSpec("a", 64, 8, pooling_factor=2, feature_names=("a1", "a2")), TableSpec("b", 40, 4),
+             TableSpec("c", 30, 8)]
+    p = manual_plan(specs, topo, {"a": ("row_wise", (0, 1, 2, 3)), "b": ("table_wise", (1,)), "c": ("data_parallel", ())})
+    t = p.traffic[0]
+    ring = 2 * (270 - 68) * 4
+    assert t.intra_host_sent == 192 + 2 * 2 * 512 + 128 + 128 + ring
+    assert t.intra_host_received == 192 + 2 * 2 * 512 + 128
+    assert t.inter_host_sent == 2 * 192 + 2 * 512
+    assert t.inter_host_received == 2 * 192 + 2 * 512 + ring
+    assert json.loads(p.to_json())["ranks"][0]["traffic_bytes"] == t.to_dict()
+    assert ShardingPlan.from_json(p.to_json()).traffic == p.traffic
 
 
 def test_data_parallel_tables_do_not_grow_the_file_with_ranks():

@@ -93,12 +93,12 @@ def test_costs_and_memory_match_the_documented_formulas_by_hand():
     p = plan(specs, topo, _tw_only(specs), time_budget_s=1)
     link, hbm = 150e6, 1500e6  # bytes per ms
     row, state, out = 64, 4, 8 * 16 * 4  # bytes: a 16 x fp32 row (two 32-byte sectors); its adagrad float; 8 pooled outputs
-    requester_in = sum(4 * P * 8 + 4 * 4 for P in (2, 1)) / 2  # own ids (8 B) and lengths (4 B), to the other rank
+    requester_in = sum(4 * P * 8 + 4 * 8 for P in (2, 1)) / 2  # own ids (8 B) and lengths (8 B, int64), to the other rank
     requester_out = 2 * (4 * 16 * 4) / 2  # own 4 outputs of each table, from the other rank
 
     def expected(P):  # the holder of the table with P ids per sample: its ids = 8 P
         ids = 8 * P
-        return {"input_dist_ms": max((ids * 8 + 8 * 4) / 2, requester_in) / link,
+        return {"input_dist_ms": max((ids * 8 + 8 * 8) / 2, requester_in) / link,
                 "lookup_fwd_ms": (ids * (8 + row) + out) / hbm,
                 "output_dist_fwd_ms": max(out / 2, requester_out) / link,
                 "output_dist_bwd_ms": max(out / 2, requester_out) / link,
@@ -111,7 +111,7 @@ def test_costs_and_memory_match_the_documented_formulas_by_hand():
         perf = p.ranks[holder[name]].perf
         assert {k: v for k, v in perf.to_dict().items() if k != "total_ms"} == pytest.approx(expected(P), rel=1e-12)
         # weights and state of its table; its shard's ids, lengths, outputs and gradients; every rank's own outputs and gradients
-        held_io = 8 * P * 8 + 8 * 4 + 2 * out
+        held_io = 8 * P * 8 + 8 * 8 + 2 * out
         assert p.ranks[holder[name]].storage.to_dict() == {"weights_bytes": 1000 * row, "optimizer_bytes": 1000 * state,
                                                            "io_bytes": held_io + 2 * 2 * (4 * 16 * 4), "host_bytes": 0,
                                                            "total_bytes": 1000 * (row + state) + held_io + 4 * 256}

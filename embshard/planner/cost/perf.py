@@ -14,7 +14,8 @@ Who pays what:
   table_row_wise, k spread evenly over the hosts for row_wise), so only 1/k_h of them
   crosses hosts.
 - Every rank, as the *requester* of its own B samples, sends its ids to each shard and
-  receives its outputs (and sends their gradients). This does not depend on placement.
+  receives its outputs (and sends their gradients): a pooled row_wise table's once per host
+  holding its row shards. This does not depend on placement.
 - Data-parallel tables cost *every rank* a local lookup, a dense update and a gradient
   all-reduce.
 
@@ -46,7 +47,9 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   inter_host_collective_ms per step and peer rank on another host);
 - per-phase efficiency factors (1 in the datasheet model) scale each phase: the terms above
   come from one kernel or collective at a time, the factors from whole steps on all ranks.
-`rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
+The bytes these terms price per shard and on average are counted exactly per rank and link
+class for a placement in `embshard.planner.cost.traffic` (what the runtime counts; plan.json's
+``ranks[i].traffic_bytes``). `rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
 ``topology.full_duplex`` false (gloo on CPU) an all-to-all phase costs holder + requester
 side instead of their max. `rank_perfs` applies all of it to a placement: it is the one
 model behind `embshard.planner.evaluate`, the search's objective and the calibration fit.
@@ -57,16 +60,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+# bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.planner.cost.tiers import hit_rate
+from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES  # noqa: F401
 from embshard.planner.types import Location, Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-ID_BYTES = 8
-LENGTH_BYTES = 4
 SECTOR_BYTES = 32
-GRAD_BYTES = 4  # dense gradients and optimizer state are fp32
-OUTPUT_BYTES = 4  # the runtime's kernels emit fp32 embeddings (and take fp32 gradients) whatever the weights' dtype
 
 
 def _ms(num_bytes: float, gb_per_s: float) -> float:
@@ -211,7 +212,9 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     copies = num_shards if stype.splits_cols else 1  # column shards each need every id
     length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
-    out_bytes = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
+    # pooled row-wise: one reduced copy from every host holding row shards (row_wise spreads them over the hosts)
+    out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE and spec.pooled else 1
+    out_bytes = out_copies * (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
     out_ms = spread_comm_ms(out_bytes, topo) + _assemble_ms(spec, topo, out_bytes, ids)
     input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
     return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
@@ -257,7 +260,7 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(grad_bytes, topo) + collective_fixed_ms(topo, 2),
+        dp_allreduce_ms=allreduce_ms(N * (D + 1) * GRAD_BYTES, topo) + collective_fixed_ms(topo, 2),  # gradient, ids per row
     ), topo)
 
 

@@ -1,0 +1,183 @@
+"""Bytes each rank sends and receives per training step in the embedding collectives, split
+into intra-host and inter-host links: what the runtime's counter (`embshard.runtime.comm`)
+counts, predicted from a placement.
+
+Counted: input dist (lengths and ids), output dist (embeddings, and their gradients in
+backward) and the data-parallel all-reduce; not the per-step header all-gather (batch
+sizes and a failure flag). Assumes what the plan assumes: B = batch_size_per_rank samples
+on every rank, every bag exactly pooling_factor ids long (so P must be a whole number for
+the counts to be whole), and a row shard with n of N rows receiving exactly n/N of each
+rank's ids of a feature, unweighted (per-id weights double the id bytes).
+
+Row-wise partial sums (pooled row_wise / table_row_wise) are reduced inside each host
+first: the row shards of one feature on one host (its *members*) all-to-all their partial
+sums so that one member holds the host's sum for each sample owner, and that
+member alone sends it to the owner (backward mirrors it; `reducers`). A host with one member sends
+directly. The all-reduce is counted as a ring over the ranks in rank order
+(`ring_allreduce_sent`): the counter cannot see inside the backend's algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import numpy as np
+
+from embshard.planner.types import ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+ID_BYTES = 8  # int64 ids
+LENGTH_BYTES = 8  # int64 bag lengths
+OUTPUT_BYTES = 4  # fp32 embeddings and their gradients on the wire
+GRAD_BYTES = 4  # the data-parallel all-reduce: fp32 weight gradients and id counts
+
+
+@dataclass(frozen=True)
+class TrafficBytes:
+    """One rank's bytes per step, by direction and link class."""
+
+    intra_host_sent: float = 0
+    intra_host_received: float = 0
+    inter_host_sent: float = 0
+    inter_host_received: float = 0
+
+    def __add__(self, other: "TrafficBytes") -> "TrafficBytes":
+        return TrafficBytes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: _whole(getattr(self, f.name)) for f in fields(self)}
+
+
+def _whole(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
+
+
+def reducers(members: Sequence[int], world_size: int) -> np.ndarray:
+    """For every sample owner w, the member of a host's row shards that sends it the host's reduced
+    partial sums: w itself if it is a member, else the members in turn over the other ranks.
+    members: sorted ranks; the runtime and this model share this rule."""
+    mem = np.asarray(members, dtype=np.int64)
+    dest = np.arange(world_size, dtype=np.int64)
+    others = dest - np.searchsorted(mem, dest)  # w's position among the non-members
+    return np.where(np.isin(dest, mem), dest, mem[others % len(mem)])
+
+
+def host_members(ranks: Sequence[int], local_world_size: int) -> list[list[int]]:
+    """Ranks holding row shards grouped by host (hosts without any left out), each sorted."""
+    by_host: dict[int, list[int]] = {}
+    for r in sorted(ranks):
+        by_host.setdefault(r // local_world_size, []).append(r)
+    return list(by_host.values())
+
+
+def ring_allreduce_sent(num_elems: int, world_size: int) -> list[int]:
+    """Elements each rank sends to its successor (rank + 1 mod W) in a ring all-reduce of
+    num_elems: reduce-scatter and all-gather, each passing every chunk but one (chunk sizes
+    as ``torch.tensor_split``; rank r skips the chunk of rank r + 1)."""
+    if world_size == 1:
+        return [0]
+    chunks = [num_elems // world_size + (1 if i < num_elems % world_size else 0) for i in range(world_size)]
+    return [2 * (num_elems - chunks[(r + 1) % world_size]) for r in range(world_size)]
+
+
+class _Links:
+    """Each rank's bytes sent and received, by link class (a rank's own data is free). Messages
+    between one rank and every rank are summed per host, in O(1), and spread at the end."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.W, self.L = topo.world_size, topo.local_world_size
+        self.host = np.arange(self.W) // self.L
+        self.totals = np.zeros((4, self.W))  # intra sent, intra received, inter sent, inter received
+        self.to_host, self.to_self = np.zeros(topo.num_hosts), np.zeros(self.W)  # every rank -> q on host h
+        self.from_host, self.from_self = np.zeros(topo.num_hosts), np.zeros(self.W)  # q on host h -> every rank
+
+    def to_one(self, q: int, num_bytes: float) -> None:
+        """Every rank sends ``num_bytes`` to rank q."""
+        self.to_host[self.host[q]] += num_bytes
+        self.to_self[q] += num_bytes
+        self.totals[1, q] += num_bytes * (self.L - 1)
+        self.totals[3, q] += num_bytes * (self.W - self.L)
+
+    def from_one(self, q: int, num_bytes: float) -> None:
+        """Rank q sends ``num_bytes`` to every rank."""
+        self.from_host[self.host[q]] += num_bytes
+        self.from_self[q] += num_bytes
+        self.totals[0, q] += num_bytes * (self.L - 1)
+        self.totals[2, q] += num_bytes * (self.W - self.L)
+
+    def add(self, src, dst, num_bytes) -> None:
+        """Messages src[i] -> dst[i] of num_bytes[i] (scalars broadcast)."""
+        src, dst, n = np.broadcast_arrays(np.asarray(src), np.asarray(dst), np.asarray(num_bytes, dtype=np.float64))
+        keep = src != dst
+        src, dst, n = src[keep], dst[keep], n[keep]
+        inter = (self.host[src] != self.host[dst]).astype(np.int64) * 2
+        np.add.at(self.totals, (inter, src), n)
+        np.add.at(self.totals, (inter + 1, dst), n)
+
+    def per_rank(self) -> list[TrafficBytes]:
+        t = self.totals.copy()
+        t[0] += self.to_host[self.host] - self.to_self
+        t[2] += self.to_host.sum() - self.to_host[self.host]
+        t[1] += self.from_host[self.host] - self.from_self
+        t[3] += self.from_host.sum() - self.from_host[self.host]
+        return [TrafficBytes(*(float(x) for x in col)) for col in t.T]
+
+
+def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: Sequence) -> list[TrafficBytes]:
+    """Every rank's embedding-collective bytes of one training step (index = rank) for
+    placements (TablePlacement-like)."""
+    by_name = {s.name: s for s in specs}
+    links = _Links(topo)
+    allreduce_elems = {True: 0, False: 0}  # pooled / sequence collection: one all-reduce each
+    for t in placements:
+        spec = by_name[t.name]
+        if t.sharding_type is ShardingType.DATA_PARALLEL:
+            if (getattr(t, "data_parallel_mode", None) or topo.data_parallel_mode) == "replicated_lookup":
+                _replicated_lookup(spec, topo, links)
+            else:
+                allreduce_elems[spec.pooled] += spec.num_embeddings * (spec.embedding_dim + 1)  # gradients, id counts
+            continue
+        _sharded(spec, topo, t.sharding_type, t.shards, links)
+    out = links.per_rank()
+    for elems in allreduce_elems.values():
+        if elems:
+            out = [a + b for a, b in zip(out, _ring_bytes(elems, topo))]
+    return out
+
+
+def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Sequence, links: _Links) -> None:
+    B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
+    row_sums = spec.pooled and stype.splits_rows
+    for s in shards:
+        ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
+        links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
+        if not row_sums:  # outputs, and their gradients back
+            out = F * (B if spec.pooled else ids) * s.num_cols * OUTPUT_BYTES
+            links.from_one(s.rank, out)
+            links.to_one(s.rank, out)
+    if row_sums:
+        block = B * spec.embedding_dim * OUTPUT_BYTES * F  # one sample owner's partial sums of every feature
+        owners = np.arange(W)
+        for members in host_members([s.rank for s in shards], topo.local_world_size):
+            reducer = reducers(members, W)
+            for src, dst in ([(m, reducer) for m in members] if len(members) > 1 else []) + [(reducer, owners)]:
+                links.add(src, dst, block)  # the sums
+                links.add(dst, src, block)  # their gradients
+
+
+def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
+    """Ids to every replica; in backward, each rank's output gradients to every replica."""
+    B, P, F = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features
+    ids = B * P
+    rows = B if spec.pooled else ids
+    for q in range(topo.world_size):
+        links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * OUTPUT_BYTES)
+
+
+def _ring_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
+    links = _Links(topo)
+    W = topo.world_size
+    links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * GRAD_BYTES)
+    return links.per_rank()
