@@ -9,9 +9,10 @@ model sums a rank's sent and received bytes, which is what embshard-calibrate fi
 link, see tests/calibrate/test_calibrate_hosts.py). One torchrun job per round on
 embshard.emulated_hosts runs every plan (this file with --rank-job); a rank's step is its wall time
 (the link's waits cost no CPU), a plan's step its slowest rank's. Inter-host bytes per step are
-read from each host's link counters (veth0 tx/rx, every packet: warmup and barriers included);
-the runtime's own counted inter-host bytes are a column left for the runtime's byte counters
-(issue 11 item 3) to fill. TorchRec's DMP is not run across hosts here. Results:
+read from each host's link counters (veth0 tx/rx, every packet: warmup and barriers included),
+and counted by the runtime (`embshard.runtime.comm.counting_traffic`: the embedding collectives'
+inter-host bytes, sent + received, summed over ranks, the collections' set-up included) beside the plan's predicted
+``traffic_bytes``. TorchRec's DMP is not run across hosts here. Results:
 benchmarks/results/multihost.md with the link settings, and --json.
 """
 
@@ -28,7 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-COUNTED = "TO WIRE: runtime byte counters"  # the runtime's counted inter-host bytes per step (not on this branch)
 
 
 def _link_bytes() -> int:
@@ -46,6 +46,7 @@ def rank_job(job_path: str, out_path: str) -> None:
 
     from embshard.calibrate.measure import run_plan_in_rank, summarize_rank
     from embshard.planner import ShardingPlan
+    from embshard.runtime.comm import counting_traffic
 
     job = json.loads(Path(job_path).read_text())
     torch.set_num_threads(1)
@@ -54,9 +55,13 @@ def rank_job(job_path: str, out_path: str) -> None:
     results = []
     for raw in job["plans"]:
         before = _link_bytes() if first_of_host else 0
-        measured = summarize_rank(run_plan_in_rank(ShardingPlan.from_dict(raw), dist.group.WORLD, job["steps"], job["warmup"]))
+        plan = ShardingPlan.from_dict(raw)
+        with counting_traffic(dist.group.WORLD, plan.topology.local_world_size) as counter:
+            measured = summarize_rank(run_plan_in_rank(plan, dist.group.WORLD, job["steps"], job["warmup"]))
         link = (_link_bytes() - before) / (job["steps"] + job["warmup"]) if first_of_host else None
-        results.append({"wall_ms": measured.wall_ms["total_ms"], "cpu_ms": measured.cpu_ms["total_ms"], "link_bytes_per_step": link})
+        counted = (counter.bytes.inter_host_sent + counter.bytes.inter_host_received) / (job["steps"] + job["warmup"])
+        results.append({"wall_ms": measured.wall_ms["total_ms"], "cpu_ms": measured.cpu_ms["total_ms"], "link_bytes_per_step": link,
+                        "counted_inter_host_bytes_per_step": counted})
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(results, gathered, dst=0)
     if dist.get_rank() == 0:
@@ -111,6 +116,8 @@ def run_multihost(args) -> dict:
             "measured_max_rank_ms": statistics.median(maxes), "rounds_max_rank_ms": maxes,
             "measured_per_rank_ms": [statistics.median(g[r]["wall_ms"] for g in got) for r in range(H * L)],
             "link_bytes_per_step": [statistics.median(g[h * L]["link_bytes_per_step"] for g in got) for h in range(H)],
+            "counted_inter_host_bytes_per_step": statistics.median(sum(r["counted_inter_host_bytes_per_step"] for r in g) for g in got),
+            "predicted_inter_host_bytes_per_step": sum(t.inter_host_sent + t.inter_host_received for t in p.traffic),
             "plan": p.to_dict()}
     return result
 
@@ -125,7 +132,7 @@ def markdown(result: dict, command: str) -> str:
              "rounds; link bytes = each host's veth counters (sent + received) per step, warmup and barriers included. "
              "TorchRec's plan runs on embshard's runtime; TorchRec's DMP is not run across hosts.", "",
              "| workload | plan | layouts | predicted ms (slowest) | measured ms (slowest) | predicted / measured | "
-             "predicted ms per rank | measured ms per rank | link bytes/step per host | counted inter-host bytes |",
+             "predicted ms per rank | measured ms per rank | link bytes/step per host | inter-host bytes/step counted / predicted |",
              "|---|---|---|---:|---:|---:|---|---|---|---|"]
     for name, e in result["cases"].items():
         for k, x in e.items():
@@ -133,7 +140,8 @@ def markdown(result: dict, command: str) -> str:
                          f"{x['predicted_max_rank_ms'] / x['measured_max_rank_ms']:.2f} | "
                          f"{' / '.join(f'{v:.0f}' for v in x['predicted_per_rank_ms'])} | "
                          f"{' / '.join(f'{v:.0f}' for v in x['measured_per_rank_ms'])} | "
-                         f"{' / '.join(f'{v / 1e6:.2f} MB' for v in x['link_bytes_per_step'])} | {COUNTED} |")
+                         f"{' / '.join(f'{v / 1e6:.2f} MB' for v in x['link_bytes_per_step'])} | "
+                         f"{x['counted_inter_host_bytes_per_step'] / 1e6:.2f} / {x['predicted_inter_host_bytes_per_step'] / 1e6:.2f} MB |")
     fastest = {n: min(e, key=lambda k: e[k]["measured_max_rank_ms"]) for n, e in result["cases"].items()}
     lines += ["", *(f"- {n}: fastest measured: {k}" for n, k in fastest.items()), ""]
     return "\n".join(lines)
