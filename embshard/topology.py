@@ -19,6 +19,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from embshard.comms import CommsPrecision
+
 GIB = 1024**3
 
 # Calibrated cost terms: per-unit costs added to the bandwidth model (0 = not modelled).
@@ -70,8 +72,10 @@ class Topology:
     on every replica, which receives every rank's ids and, in backward, every rank's pooled
     gradients; False: each rank looks up its own samples and the gradient of the whole
     table is all-reduced (TorchRec's DDP). embshard's runtime trains a plan's data-parallel
-    tables the way its topology says (`data_parallel_mode`), so the cost model prices what runs. The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
-    per-phase factors (PHASE_FACTORS, 1 = off).
+    tables the way its topology says (`data_parallel_mode`), so the cost model prices what runs.
+    comms: the dtypes of embeddings, their gradients and data-parallel gradients on the wire
+    (embshard.comms; set by ``planner.comms``, priced and run as the plan records it). The remaining
+    fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
     world_size: int
@@ -85,6 +89,7 @@ class Topology:
     inter_host_gb_per_s: float = 0.0
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
+    comms: CommsPrecision = CommsPrecision()
     collective_ms: float = 0.0
     input_dist_call_ms: float = 0.0
     output_dist_call_ms: float = 0.0
@@ -110,6 +115,8 @@ class Topology:
     dp_allreduce_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.comms, CommsPrecision):  # a mapping, as to_dict() writes it
+            object.__setattr__(self, "comms", CommsPrecision.from_dict(self.comms, "topology.comms"))
         for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s",
                     *CALIBRATED_TERMS, *PHASE_FACTORS):
             object.__setattr__(self, key, float(getattr(self, key)))
@@ -198,4 +205,5 @@ class Topology:
                 f"{where}.world_size: {world} is not a multiple of local_world_size {local}; "
                 f"use a whole number of hosts, e.g. world_size={max(local, world - world % local)}"
             )
-        return cls(**{**raw, "local_world_size": local})
+        comms = CommsPrecision.from_dict(raw.get("comms", {}), f"{where}.comms")
+        return cls(**{**raw, "local_world_size": local, "comms": comms})

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from embshard.comms import CommsPrecision
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
@@ -40,7 +41,7 @@ ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate ge
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
-         torchrec_compatible: bool = False, inference: bool = False) -> ShardingPlan:
+         torchrec_compatible: bool = False, inference: bool = False, comms: CommsPrecision | None = None) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
@@ -57,7 +58,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
+    comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
+    priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
     """
+    if comms is not None:
+        topology = replace(topology, comms=comms)
     clock = Clock(time_budget_s)
     specs = tuple(specs)
     constraints = constraints or Constraints()

@@ -5,8 +5,9 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 2 (written) stores a data-parallel table once, without shards (its ranks
-are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
+Schema versions: 3 (written) records the wire dtypes in ``topology.comms`` (older files: fp32);
+2 stores a data-parallel table once, without shards (its ranks are all ranks); 1 listed its
+full shard on every rank. All load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
 """
@@ -25,8 +26,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, St
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)

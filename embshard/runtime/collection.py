@@ -55,6 +55,7 @@ from embshard.runtime.quantized import QuantKernel
 from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_routing, check_plan
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
+from embshard.runtime.wire import TORCH_DTYPES
 from embshard.specs import TableSpec
 
 
@@ -95,7 +96,8 @@ class _ShardedCollection(nn.Module):
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
         # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
-        self.dense_replicas = DenseReplicas(self.replica_kernels, replicas.kernels, pooled, optimizer, pg) \
+        self.comms = plan.topology.comms
+        self.dense_replicas = DenseReplicas(self.replica_kernels, replicas.kernels, pooled, optimizer, pg, self.comms) \
             if replicas and not self.inference and data_parallel_mode == "allreduce" else None
         self.local_replicas = self.inference or self.dense_replicas is not None
         if self.inference:
@@ -112,6 +114,11 @@ class _ShardedCollection(nn.Module):
         if spec.impl == "fbgemm":
             return FbgemmKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
         return TorchKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
+
+    @property
+    def _grad_dtype(self) -> torch.dtype:
+        """Wire dtype of output gradients (replicated look-ups send them back in it)."""
+        return TORCH_DTYPES[self.comms.backward]
 
     def _spec(self, table: str) -> TableSpec:
         return next(s for s in self.specs if s.name == table)
@@ -249,7 +256,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode)
-        self.output_dist = PooledOutputDist(self.routing, pg, self.device)
+        self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms)
         self._keys = list(self.routing.feature_names)
         self._dims = [f.dim for f in self.routing.features]
 
@@ -259,7 +266,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
             replica_rows = None
             if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
                 full = replica_outs[0] if len(replica_outs) == 1 else torch.cat(replica_outs, dim=1)
-                replica_rows = full if self.local_replicas else local_part(full, batch_sizes, self.pg)
+                replica_rows = full if self.local_replicas else local_part(full, batch_sizes, self.pg, self._grad_dtype)
             values = self.output_dist(outs, replica_rows, batch, batch_sizes)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
@@ -272,7 +279,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=False, pooling={}, weighted=False, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode)
-        self.output_dist = SequenceOutputDist(self.routing, pg, self.device)
+        self.output_dist = SequenceOutputDist(self.routing, pg, self.device, self.comms)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
@@ -282,7 +289,8 @@ class ShardedEmbeddingCollection(_ShardedCollection):
             if replica_outs:  # replicated look-up: every replica computed every rank's rows; keep this rank's
                 per_source = replicated.floats_per_source_kernel
                 rows = by_source(replica_outs, per_source)
-                replica_rows = rows if self.local_replicas else local_part(rows, [sum(c) for c in per_source], self.pg)
+                replica_rows = rows if self.local_replicas else local_part(rows, [sum(c) for c in per_source], self.pg,
+                                                                           self._grad_dtype)
             return self._per_feature(flat, replica_rows, batch)
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
@@ -304,6 +312,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
 
 
 def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, data_parallel_mode: str) -> int:
-    """63-bit hash of the tables, their placements and the data-parallel mode: ranks compare it before the first step."""
-    text = repr([data_parallel_mode, *((s, plan.placement(s.name)) for s in specs)])
+    """63-bit hash of the tables, their placements, the data-parallel mode and the wire dtypes: ranks compare it
+    before the first step."""
+    text = repr([data_parallel_mode, plan.topology.comms, *((s, plan.placement(s.name)) for s in specs)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1

@@ -7,7 +7,8 @@ in [B, sum of dims] (a permutation of runs of columns; row-wise partial sums are
 with index_add) and divides mean-pooled features by the true bag length. Sequence: rows
 go back in the order they came and a permutation puts them at their id's position in the
 batch (column blocks side by side). Backward runs the same all-to-all the other way and
-divides gradients by the world size (DDP's average; see collection.py).
+divides gradients by the world size (DDP's average; see collection.py). Both directions
+travel in the plan's wire dtypes (`embshard.runtime.wire`); the sums are added in fp32.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.runtime.comm import all_to_all_autograd
+from embshard.comms import CommsPrecision
 from embshard.runtime.features import Batch
 from embshard.runtime.input_dist import Received
 from embshard.runtime.routing import Routing
+from embshard.runtime.wire import wire_all_to_all
 
 
 def _unit(*sizes: int) -> int:
@@ -59,8 +61,8 @@ def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tupl
 
 
 class PooledOutputDist:
-    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device) -> None:
-        self.routing, self.pg, self.device = routing, pg, device
+    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, comms: CommsPrecision) -> None:
+        self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
         cols = [torch.arange(feats[s.feature].col_offset + s.col_offset, feats[s.feature].col_offset + s.col_offset + s.num_cols)
                 for slots in routing.slots_by_rank for s in slots]
@@ -104,8 +106,8 @@ class PooledOutputDist:
             local = kernel_outputs[0] if len(kernel_outputs) == 1 else torch.cat(kernel_outputs, dim=1) if kernel_outputs \
                 else torch.zeros(sum(batch_sizes), 0, device=self.device, requires_grad=True)
             my_width = local.shape[1]
-            pieces.insert(0, all_to_all_autograd(local.reshape(-1), [B * w for w in self.widths],
-                                                 [b * my_width for b in batch_sizes], self.pg, grad_scale=1.0 / r.world_size))
+            pieces.insert(0, wire_all_to_all(local.reshape(-1), [B * w for w in self.widths], [b * my_width for b in batch_sizes],
+                                             self.pg, self.comms, grad_scale=1.0 / r.world_size))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         index, inverse = self._scatter_index(B)
         if self.one_to_one:
@@ -120,8 +122,8 @@ class PooledOutputDist:
 
 
 class SequenceOutputDist:
-    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device) -> None:
-        self.routing, self.pg, self.device = routing, pg, device
+    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, comms: CommsPrecision) -> None:
+        self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
         send = routing.send_slots
         # Rows move in runs of `unit` floats: a whole row unless column shards cut it.
@@ -145,7 +147,7 @@ class SequenceOutputDist:
         in_splits = [sum(counts) for counts in per_source] if kernel_outputs else [0] * W
         sent = received.sent_ids_per_slot
         out_splits = torch.zeros(W, dtype=torch.int64, device=self.device).index_add_(0, self.dest_of_slot, sent * self.slot_width).tolist()
-        rows = all_to_all_autograd(local, out_splits, in_splits, self.pg, grad_scale=1.0 / W).view(-1, self.unit)
+        rows = wire_all_to_all(local, out_splits, in_splits, self.pg, self.comms, grad_scale=1.0 / W).view(-1, self.unit)
         # Every piece of the sharded features' rows arrives exactly once: a permutation puts them in place.
         index = self._target_index(received, batch)
         return _Permute.apply(rows, _inverse(index), index).view(-1)

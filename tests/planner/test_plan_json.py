@@ -29,7 +29,7 @@ def test_round_trip_is_identical(a_plan, tmp_path):
 
 def test_json_has_the_documented_fields(a_plan):
     raw = json.loads(a_plan.to_json())
-    assert raw["schema_version"] == 2 and raw["input_hash"].startswith("sha256:")
+    assert raw["schema_version"] == 3 and raw["input_hash"].startswith("sha256:")
     kinds = {t["sharding_type"] for t in raw["tables"]}
     assert "data_parallel" in kinds and len(kinds) > 1
     for t in raw["tables"]:
@@ -58,7 +58,7 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     raw_v1 = json.loads(V1_FILE.read_text())
     assert raw_v1["schema_version"] == 1
     v2_text = v1.to_json()
-    assert json.loads(v2_text)["schema_version"] == 2
+    assert json.loads(v2_text)["schema_version"] == 3
     v2 = ShardingPlan.from_json(v2_text)
     assert v2 == v1 and v2.input_hash == v1.input_hash == raw_v1["input_hash"]
     assert v2.max_rank_ms == raw_v1["objective_ms"]
@@ -94,7 +94,7 @@ def _first(kind_is_dp: bool):
     (lambda d: d["tables"][0].update(sharding_type="diagonal"), "unknown sharding type 'diagonal'"),
     (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
-    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 2"),
+    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 3"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())

@@ -4,7 +4,8 @@ Notation: B batch per rank, W ranks, L ranks per host, G = B*W global batch; a t
 rows, D columns stored in `TableSpec.row_bytes` bytes per row (fp32, fp16, or int8 with its
 scale and bias), F features each with P ids per sample (pooling factor), so one step looks
 up I = G*P*F ids of it. A shard holds n rows and d columns. Embeddings leave the kernels as
-fp32 (OUTPUT_BYTES) whatever the weights' dtype.
+fp32 (OUTPUT_BYTES) whatever the weights' dtype; on the wire they, their gradients and
+data-parallel gradients take the plan's `topology.comms` dtypes (`wire_bytes`: fp32, fp16, bf16).
 
 Who pays what:
 - The shard's *holder* receives the ids routed to it, runs the lookup forward and backward
@@ -52,6 +53,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from embshard.comms import WIRE_BYTES
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
@@ -60,7 +62,12 @@ ID_BYTES = 8
 LENGTH_BYTES = 4
 SECTOR_BYTES = 32
 GRAD_BYTES = 4  # dense gradients and optimizer state are fp32
-OUTPUT_BYTES = 4  # the runtime's kernels emit fp32 embeddings (and take fp32 gradients) whatever the weights' dtype
+OUTPUT_BYTES = WIRE_BYTES["fp32"]  # the runtime's kernels emit fp32 embeddings (and take fp32 gradients) whatever the weights' dtype
+
+
+def wire_bytes(topo: Topology, direction: str) -> float:
+    """Bytes of one embedding (gradient) element on the wire ('forward', 'backward', 'dp_allreduce')."""
+    return topo.comms.bytes_per_element(direction)
 
 
 def _ms(num_bytes: float, gb_per_s: float) -> float:
@@ -161,19 +168,22 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
-    if stype.splits_rows and spec.pooled:
-        # partial sums are first reduce-scattered among the row shards that share a host,
-        # then each sends its 1/k_h of the host's sums to the sample owners
-        per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
-        out_ms = host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(out_bytes / per_host, topo)
-    else:
-        out_ms = spread_comm_ms(out_bytes, topo)
-    out_ms += _assemble_ms(spec, topo, out_bytes, ids)
+    out_ms = []
+    for direction in ("forward", "backward"):
+        sent = out_rows * num_cols * wire_bytes(topo, direction)
+        if stype.splits_rows and spec.pooled:
+            # partial sums are first reduce-scattered among the row shards that share a host,
+            # then each sends its 1/k_h of the host's sums to the sample owners
+            per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
+            out_ms.append(host_comm_ms(sent, per_host, topo) + spread_comm_ms(sent / per_host, topo))
+        else:
+            out_ms.append(spread_comm_ms(sent, topo))
+    assemble_ms = _assemble_ms(spec, topo, out_bytes, ids)
     return _factored(Perf(
         input_dist_ms=spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, ids, G * F),
         lookup_fwd_ms=fwd,
-        output_dist_fwd_ms=out_ms,
-        output_dist_bwd_ms=out_ms,
+        output_dist_fwd_ms=out_ms[0] + assemble_ms,
+        output_dist_bwd_ms=out_ms[1] + assemble_ms,
         lookup_bwd_ms=bwd,
     ), topo)
 
@@ -187,10 +197,11 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     copies = num_shards if stype.splits_cols else 1  # column shards each need every id
     length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
-    out_bytes = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
-    out_ms = spread_comm_ms(out_bytes, topo) + _assemble_ms(spec, topo, out_bytes, ids)
+    out_elements = (B * F if spec.pooled else ids) * D
+    assemble_ms = _assemble_ms(spec, topo, out_elements * OUTPUT_BYTES, ids)
+    fwd_ms, bwd_ms = (spread_comm_ms(out_elements * wire_bytes(topo, d), topo) + assemble_ms for d in ("forward", "backward"))
     input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
-    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
+    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=fwd_ms, output_dist_bwd_ms=bwd_ms), topo)
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
@@ -220,7 +231,7 @@ def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False)
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(grad_bytes, topo) + collective_fixed_ms(topo, 2),
+        dp_allreduce_ms=allreduce_ms(N * D * wire_bytes(topo, "dp_allreduce"), topo) + collective_fixed_ms(topo, 2),
     ), topo)
 
 
