@@ -157,7 +157,11 @@ class Topology:
         return self.batch_size_per_rank * self.world_size
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """All fields; ``comms`` only when not all fp32, so fp32 topologies hash and serialise as before it existed."""
+        out = asdict(self)
+        if self.comms == CommsPrecision():
+            del out["comms"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "topology") -> "Topology":

@@ -62,6 +62,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
     """
     if comms is not None:
+        if topology.comms not in (CommsPrecision(), comms):
+            raise ValueError(f"plan: comms={comms} but the topology says {topology.comms}; set the wire dtypes in one place "
+                             "(planner.comms.*)")
         topology = replace(topology, comms=comms)
     clock = Clock(time_budget_s)
     specs = tuple(specs)

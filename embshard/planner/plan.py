@@ -5,7 +5,8 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 3 (written) records the wire dtypes in ``topology.comms`` (older files: fp32);
+Schema versions: 3 (written) records the wire dtypes in ``topology.comms`` when any is not fp32
+(absent: fp32, as in older files);
 2 stores a data-parallel table once, without shards (its ranks are all ranks); 1 listed its
 full shard on every rank. All load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that

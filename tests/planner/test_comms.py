@@ -24,8 +24,9 @@ def test_version_2_file_loads_with_fp32_on_the_wire():
     assert json.loads(V2_FILE.read_text())["schema_version"] == 2
     assert v2.topology.comms == CommsPrecision()
     v3 = json.loads(v2.to_json())
-    assert v3["schema_version"] == 3 and v3["topology"]["comms"] == {"forward": "fp32", "backward": "fp32", "dp_allreduce": "fp32"}
+    assert v3["schema_version"] == 3 and "comms" not in v3["topology"]  # fp32: written, hashed as before
     assert ShardingPlan.from_json(v2.to_json()) == v2
+    assert manual_plan(SPECS, TOPO, LAYOUT).input_hash == v2.input_hash
     assert manual_plan(SPECS, TOPO, LAYOUT).ranks == v2.ranks  # fp32 prices as before
 
 
@@ -61,3 +62,5 @@ def test_bad_wire_dtypes_are_named():
     with pytest.raises(ValueError, match=r"planner.comms: unknown key\(s\) \['fwd'\]"):
         planner_options({"comms": {"fwd": "fp16"}})
     assert planner_options({"comms": {"forward": "bf16"}})["comms"] == CommsPrecision(forward="bf16")
+    with pytest.raises(ValueError, match=r"plan: comms=.* but the topology says .*; set the wire dtypes in one place"):
+        plan(SPECS, replace(TOPO, comms=CommsPrecision(forward="fp16")), time_budget_s=0.5, comms=CommsPrecision())
