@@ -31,13 +31,14 @@ from embshard import plan_sweep, planner
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.extras import MissingExtra, require
 from embshard.planner.report import rank_table, save_chart, summary
+from embshard.comms import CommsPrecision
 from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
 from embshard.tables_option import with_tables_file
 from embshard.topology import Topology
 
 CONFIG_KEYS = ("tables", "tables_file", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
-PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible")
+PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible", "comms")
 PROG = "embshard-plan"
 
 
@@ -132,7 +133,7 @@ def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:
         flags[key] = raw.get(key, default)
         if not isinstance(flags[key], bool):
             raise ValueError(f"{where}.{key}: must be true or false, got {flags[key]!r}")
-    return {**seconds, **flags}
+    return {**seconds, **flags, "comms": CommsPrecision.from_dict(raw.get("comms", {}), f"{where}.comms")}
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="plan")

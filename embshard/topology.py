@@ -19,6 +19,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from embshard.comms import CommsPrecision
+
 GIB = 1024**3
 
 # How data-parallel tables train (embshard.runtime.collection): each rank looks up its own samples and the
@@ -81,8 +83,10 @@ class Topology:
     table is all-reduced (TorchRec's DDP). embshard's runtime trains a plan's data-parallel
     tables in the mode each placement records (the planner picks the cheaper per table,
     `embshard.planner.cost.perf.cheaper_data_parallel_mode`); this flag is the mode of placements that
-    record none (plans of schema version 2 and older, hand-built placements). The remaining fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and
-    per-phase factors (PHASE_FACTORS, 1 = off).
+    record none (plans of schema version 2 and older, hand-built placements).
+    comms: the dtypes of embeddings, their gradients and data-parallel gradients on the wire
+    (embshard.comms; set by ``planner.comms``, priced and run as the plan records it). The remaining
+    fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
     world_size: int
@@ -98,6 +102,7 @@ class Topology:
     ddr_gb_per_s: float = 0.0
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
+    comms: CommsPrecision = CommsPrecision()
     collective_ms: float = 0.0
     inter_host_collective_ms: float = 0.0
     input_dist_call_ms: float = 0.0
@@ -124,6 +129,8 @@ class Topology:
     dp_allreduce_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.comms, CommsPrecision):  # a mapping, as to_dict() writes it
+            object.__setattr__(self, "comms", CommsPrecision.from_dict(self.comms, "topology.comms"))
         for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s",
                     "ddr_gib", "ddr_gb_per_s", *CALIBRATED_TERMS, *PHASE_FACTORS):
             object.__setattr__(self, key, float(getattr(self, key)))
@@ -169,7 +176,16 @@ class Topology:
         return self.batch_size_per_rank * self.world_size
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """All fields, but those added since plan schema 2 only where they are in use (``comms`` not all fp32,
+        host memory for tables, an inter-host latency), so topologies without them hash and serialise as before."""
+        out = asdict(self)
+        if self.comms == CommsPrecision():
+            del out["comms"]
+        if self.ddr_gib == 0.0:
+            del out["ddr_gib"], out["ddr_gb_per_s"]  # no host tier: its bandwidth (a device default) is unused
+        if self.inter_host_collective_ms == 0.0:
+            del out["inter_host_collective_ms"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "topology") -> "Topology":
@@ -218,4 +234,5 @@ class Topology:
                 f"{where}.world_size: {world} is not a multiple of local_world_size {local}; "
                 f"use a whole number of hosts, e.g. world_size={max(local, world - world % local)}"
             )
-        return cls(**{**raw, "local_world_size": local})
+        comms = CommsPrecision.from_dict(raw.get("comms", {}), f"{where}.comms")
+        return cls(**{**raw, "local_world_size": local, "comms": comms})

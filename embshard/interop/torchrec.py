@@ -6,6 +6,8 @@
   ValueError naming the table, the reason and the fix. Shards out of HBM export as
   FUSED_UVM_CACHING with `CacheParams(load_factor=cache rows / rows)` (uvm_cache) or FUSED_UVM
   (host); TorchRec keeps one kernel and load factor per table, so its shards must agree.
+- `to_torchrec_qcomms(plan)`: the plan's wire dtypes (`topology.comms`) as a `QCommsConfig`
+  for TorchRec's sharders (``qcomm_codecs_registry=get_qcomm_codecs_registry(config)``).
 - `from_torchrec_plan(tr_plan, specs, topology)`: TorchRec's plan scored by embshard's model.
 - `to_torchrec_topology(topology)`: the same cluster for TorchRec's planner (bytes/ms units).
 - `torchrec_estimate(plan)`: per-rank step time (ms) under TorchRec's EmbeddingPerfEstimator,
@@ -26,6 +28,7 @@ from typing import Sequence
 import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
 from torchrec.distributed.planner.enumerators import get_partition_by_type
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
 from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, ParameterConstraints
@@ -160,6 +163,17 @@ def _kernel_and_cache(t: TablePlacement) -> tuple[str, CacheParams | None]:
         raise ValueError(f"table {t.name!r}: its shards cache {shares} of their rows, but TorchRec takes one "
                          f"cache_load_factor per table; give its shards one cache share to export")
     return LOCATION_KERNEL[location], CacheParams(load_factor=load_factor)
+
+
+def to_torchrec_qcomms(plan: ShardingPlan) -> QCommsConfig:
+    """TorchRec's QCommsConfig with the plan's forward and backward wire dtypes (its output dists and their
+    gradients). TorchRec trains data-parallel tables under DDP, without quantized comms: a plan with such tables
+    and ``comms.dp_allreduce`` other than fp32 raises. (On gloo TorchRec itself sends bf16 as fp16.)"""
+    comms = plan.topology.comms
+    if comms.dp_allreduce != "fp32" and any(t.sharding_type is ShardingType.DATA_PARALLEL for t in plan.tables):
+        raise ValueError(f"to_torchrec_qcomms: comms.dp_allreduce={comms.dp_allreduce}, but TorchRec all-reduces data-parallel "
+                         "tables in fp32 (DDP); plan with planner.comms.dp_allreduce=fp32 to export this plan")
+    return QCommsConfig(forward_precision=CommType(comms.forward), backward_precision=CommType(comms.backward))
 
 
 def _parameter_sharding(t: TablePlacement, shards: Sequence[Shard], topology: Topology) -> ParameterSharding:

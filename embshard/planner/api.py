@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from embshard.comms import CommsPrecision
 from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
@@ -41,7 +42,7 @@ ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate ge
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
-         torchrec_compatible: bool = False, inference: bool = False) -> ShardingPlan:
+         torchrec_compatible: bool = False, inference: bool = False, comms: CommsPrecision | None = None) -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
@@ -60,7 +61,14 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
     size, host) under HBM and host-memory caps (embshard.planner.cost.tiers). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
+    comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
+    priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
     """
+    if comms is not None:
+        if topology.comms not in (CommsPrecision(), comms):
+            raise ValueError(f"plan: comms={comms} but the topology says {topology.comms}; set the wire dtypes in one place "
+                             "(planner.comms.*)")
+        topology = replace(topology, comms=comms)
     clock = Clock(time_budget_s)
     specs = tuple(specs)
     constraints = constraints or Constraints()

@@ -5,7 +5,8 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 5 (written) adds each rank's predicted embedding-collective bytes per
+Schema versions: 6 (written) records the wire dtypes in ``topology.comms`` when any is not fp32
+(absent: fp32, as in older files); 5 adds each rank's predicted embedding-collective bytes per
 training step (``ranks[i].traffic_bytes``: intra/inter-host, sent/received;
 `embshard.planner.cost.traffic`; derived from the placement, so older files get them too,
 and serving plans none); 4 records each data-parallel table's mode (``data_parallel_mode``,
@@ -34,8 +35,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, Shardi
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from embshard.runtime.quantized import QuantKernel
 from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_routing, check_plan
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
+from embshard.runtime.wire import TORCH_DTYPES
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES
 
@@ -120,6 +121,7 @@ class _ShardedCollection(nn.Module):
         self.input_dist = InputDist(self.routing, pg, self.device)
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
+        self.comms = plan.topology.comms
         self.replica_groups: list[_ReplicaGroup] = []  # one per data-parallel mode, in the order of replicas' slots
         start = 0
         for mode, group in self.routing.replica_groups:
@@ -127,7 +129,7 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg) if local and not self.inference else None
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms) if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
         self._staged: tuple[KeyedJaggedTensor, Distributed] | None = None
@@ -145,6 +147,11 @@ class _ShardedCollection(nn.Module):
         if spec.impl == "fbgemm":
             return FbgemmKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
         return TorchKernel(spec, self.pooled, dtypes, self.optimizer_config, self.device)
+
+    @property
+    def _grad_dtype(self) -> torch.dtype:
+        """Wire dtype of output gradients (replicated look-ups send them back in it)."""
+        return TORCH_DTYPES[self.comms.backward]
 
     def _spec(self, table: str) -> TableSpec:
         return next(s for s in self.specs if s.name == table)
@@ -208,7 +215,7 @@ class _ShardedCollection(nn.Module):
                 rows, splits = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), batch_sizes
             else:
                 rows, splits = by_source(outs, x.floats_per_source_kernel), [sum(c) for c in x.floats_per_source_kernel]
-            parts.append(rows if group.local else local_part(rows, splits, self.pg))
+            parts.append(rows if group.local else local_part(rows, splits, self.pg, self._grad_dtype))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1 if self.pooled else 0)
@@ -307,7 +314,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode)
-        self.output_dist = PooledOutputDist(self.routing, pg, self.device, plan.topology.local_world_size)
+        self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms, plan.topology.local_world_size)
         self._keys = list(self.routing.feature_names)
         self._dims = [f.dim for f in self.routing.features]
 
@@ -327,7 +334,7 @@ class ShardedEmbeddingCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=False, pooling={}, weighted=False, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode)
-        self.output_dist = SequenceOutputDist(self.routing, pg, self.device)
+        self.output_dist = SequenceOutputDist(self.routing, pg, self.device, self.comms)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
@@ -364,6 +371,7 @@ class _ReplicaGroup:
 
 
 def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, modes: Mapping[str, str]) -> int:
-    """63-bit hash of the tables, their placements and data-parallel modes: ranks compare it before the first step."""
-    text = repr([sorted(modes.items()), *((s, plan.placement(s.name)) for s in specs)])
+    """63-bit hash of the tables, their placements, data-parallel modes and wire dtypes: ranks compare it before
+    the first step."""
+    text = repr([sorted(modes.items()), plan.topology.comms, *((s, plan.placement(s.name)) for s in specs)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1

@@ -117,8 +117,8 @@ def all_to_all_autograd(
 
 class _LocalPart(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, splits: list[int], pg: dist.ProcessGroup) -> Tensor:
-        ctx.splits, ctx.pg = splits, pg
+    def forward(ctx, x: Tensor, splits: list[int], pg: dist.ProcessGroup, grad_dtype: torch.dtype) -> Tensor:
+        ctx.splits, ctx.pg, ctx.grad_dtype = splits, pg, grad_dtype
         rank = dist.get_rank(pg)
         start = sum(splits[:rank])
         return x[start:start + splits[rank]]
@@ -127,17 +127,19 @@ class _LocalPart(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         world = dist.get_world_size(ctx.pg)
         mine = ctx.splits[dist.get_rank(ctx.pg)]
-        full = all_to_all(grad.contiguous().repeat(world, *([1] * (grad.dim() - 1))), ctx.splits, [mine] * world, ctx.pg)
-        return full.div_(world), None, None
+        sent = grad.to(ctx.grad_dtype).contiguous().repeat(world, *([1] * (grad.dim() - 1)))
+        full = all_to_all(sent, ctx.splits, [mine] * world, ctx.pg).to(grad.dtype)
+        return full.div_(world), None, None, None
 
 
-def local_part(x: Tensor, splits: Sequence[int], pg: dist.ProcessGroup) -> Tensor:
+def local_part(x: Tensor, splits: Sequence[int], pg: dist.ProcessGroup, grad_dtype: torch.dtype = torch.float32) -> Tensor:
     """This rank's rows of ``x``, which every rank computed in full (rows grouped by rank, ``splits``).
 
-    Backward gathers every rank's gradient of its part and divides by the world size, so every
-    replica receives the same gradient: the rank average, as DDP gives dense parameters.
+    Backward gathers every rank's gradient of its part (sent as ``grad_dtype``: the plan's
+    backward wire dtype) and divides by the world size, so every replica receives the same
+    gradient: the rank average, as DDP gives dense parameters.
     """
-    return _LocalPart.apply(x, list(splits), pg)
+    return _LocalPart.apply(x, list(splits), pg, grad_dtype)
 
 
 def gather_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Tensor:

@@ -4,7 +4,8 @@ Each rank looks up only its own samples in its replica (`InputDist.local`, nothi
 in forward). Backward turns the output gradients into every replica block's dense weight
 gradient and a count of ids per row, all-reduces them for all such blocks of the
 collection in ONE flat buffer, divides the gradient by the world size (DDP's average) and
-applies each table's optimizer to the rows some rank looked up: the same update, on every
+applies each table's optimizer to the rows some rank looked up (the all-reduce in the plan's
+``comms.dp_allreduce`` dtype, embshard.runtime.wire): the same update, on every
 replica, as the replicated look-up (``"replicated_lookup"``, see collection.py), which
 instead ships ids and pooled gradients and looks up the global batch on every rank.
 Cheaper for small tables; priced by `embshard.planner.cost.perf.data_parallel_perf`.
@@ -18,18 +19,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from embshard.runtime.comm import all_reduce
+from embshard.comms import CommsPrecision
 from embshard.runtime.input_dist import Received
 from embshard.runtime.optim import OptimizerConfig, apply_update
 from embshard.runtime.routing import KernelSpec
+from embshard.runtime.wire import wire_all_reduce_
 
 
 class DenseReplicas:
     """The replica kernels of one collection, looked up locally and updated after one all-reduce."""
 
     def __init__(self, kernels: Sequence[nn.Module], specs: Sequence[KernelSpec], pooled: bool,
-                 config: OptimizerConfig, pg: dist.ProcessGroup) -> None:
+                 config: OptimizerConfig, pg: dist.ProcessGroup, comms: CommsPrecision = CommsPrecision()) -> None:
         self.kernels, self.specs, self.pooled, self.config, self.pg = list(kernels), list(specs), pooled, config, pg
+        self.comms = comms
         self.learning_rate = config.learning_rate
         # Not an nn.Parameter of any module (DDP must not wait for it): it only makes backward run.
         self.placeholder = torch.zeros(0, requires_grad=True, device=_device(self.kernels))
@@ -84,7 +87,7 @@ class DenseReplicas:
                 parts.append((g.new_zeros(num_rows, w).index_add_(0, rows, g.float()),
                               torch.bincount(rows, minlength=num_rows).to(g.dtype)))
         flat = torch.cat([t.reshape(-1) for part in parts for t in part])
-        all_reduce(flat, self.pg)
+        wire_all_reduce_(flat, self.pg, self.comms.dp_allreduce)
         reduced = iter(flat.split([t.numel() for part in parts for t in part]))
         world = dist.get_world_size(self.pg)
         with torch.no_grad():

@@ -8,7 +8,8 @@ in [B, sum of dims] (a permutation of runs of columns; row-wise partial sums are
 with index_add) and divides mean-pooled features by the true bag length. Sequence: rows
 go back in the order they came and a permutation puts them at their id's position in the
 batch (column blocks side by side). Backward runs the same all-to-all the other way and
-divides gradients by the world size (DDP's average; see collection.py).
+divides gradients by the world size (DDP's average; see collection.py). Both directions
+travel in the plan's wire dtypes (`embshard.runtime.wire`); the sums are added in fp32.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.runtime.comm import all_to_all_autograd
+from embshard.comms import CommsPrecision
 from embshard.runtime.features import Batch
 from embshard.runtime.host_reduce import HostReduction, reduced_groups
 from embshard.runtime.input_dist import Received
 from embshard.runtime.routing import Routing
+from embshard.runtime.wire import wire_all_to_all
 
 
 def _unit(*sizes: int) -> int:
@@ -61,8 +63,9 @@ def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tupl
 
 
 class PooledOutputDist:
-    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, local_world_size: int | None = None) -> None:
-        self.routing, self.pg, self.device = routing, pg, device
+    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, comms: CommsPrecision,
+                 local_world_size: int | None = None) -> None:
+        self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
         local_world_size = local_world_size or routing.world_size  # None: one host
         groups = reduced_groups(routing, local_world_size)
@@ -115,8 +118,8 @@ class PooledOutputDist:
                 message, in_splits = self.host_reduction(local, batch_sizes)
             else:
                 message, in_splits = local.reshape(-1), [b * local.shape[1] for b in batch_sizes]
-            pieces.insert(0, all_to_all_autograd(message, [B * w for w in self.widths], in_splits, self.pg,
-                                                 grad_scale=1.0 / r.world_size))
+            pieces.insert(0, wire_all_to_all(message, [B * w for w in self.widths], in_splits, self.pg, self.comms,
+                                             grad_scale=1.0 / r.world_size))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         index, inverse = self._scatter_index(B)
         if self.one_to_one:
@@ -131,8 +134,8 @@ class PooledOutputDist:
 
 
 class SequenceOutputDist:
-    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device) -> None:
-        self.routing, self.pg, self.device = routing, pg, device
+    def __init__(self, routing: Routing, pg: dist.ProcessGroup, device: torch.device, comms: CommsPrecision) -> None:
+        self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
         send = routing.send_slots
         # Rows move in runs of `unit` floats: a whole row unless column shards cut it.
@@ -156,7 +159,7 @@ class SequenceOutputDist:
         in_splits = [sum(counts) for counts in per_source] if kernel_outputs else [0] * W
         sent = received.sent_ids_per_slot
         out_splits = torch.zeros(W, dtype=torch.int64, device=self.device).index_add_(0, self.dest_of_slot, sent * self.slot_width).tolist()
-        rows = all_to_all_autograd(local, out_splits, in_splits, self.pg, grad_scale=1.0 / W).view(-1, self.unit)
+        rows = wire_all_to_all(local, out_splits, in_splits, self.pg, self.comms, grad_scale=1.0 / W).view(-1, self.unit)
         # Every piece of the sharded features' rows arrives exactly once: a permutation puts them in place.
         index = self._target_index(received, batch)
         return _Permute.apply(rows, _inverse(index), index).view(-1)

@@ -42,6 +42,7 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, init_f
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from embshard.fsutil import swap_in
 from embshard.runtime.lookup import TORCH_DTYPE
@@ -158,7 +159,7 @@ def _state_dict(parts: Parts, ctx: RankContext) -> dict[str, Any]:
                 out[full] = _sharded(tensors.get(key), shard, spec, ctx)
     for name, param in parts.dense:
         out[f"dense.{name}"] = param.detach()
-        for key, value in parts.optimizer.state.get(param, {}).items():
+        for key, value in local_optimizer(parts.optimizer).state.get(param, {}).items():  # sharded: its owner saves it
             if isinstance(value, Tensor):
                 out[f"dense_optim.{name}.{key}"] = value
     return out
@@ -371,13 +372,21 @@ def _apply(dest: dict[str, Any], parts: Parts) -> None:
     with torch.no_grad():
         for name, param in parts.dense:
             param.copy_(dest[f"dense.{name}"])
-    index = {name: i for i, (name, _) in enumerate(parts.dense)}
+    optimizer = local_optimizer(parts.optimizer)
+    position = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    index = {name: position[id(p)] for name, p in parts.dense if id(p) in position}  # sharded: this rank's share
     state: dict[int, dict[str, Tensor]] = {}
     for key, value in dest.items():
         if key.startswith("dense_optim."):
             param_name, _, state_key = key[len("dense_optim."):].rpartition(".")
-            state.setdefault(index[param_name], {})[state_key] = value
-    parts.optimizer.load_state_dict({"state": state, "param_groups": parts.optimizer.state_dict()["param_groups"]})
+            if param_name in index:
+                state.setdefault(index[param_name], {})[state_key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's dense state: a sharded one's local share (``optim.sharded_update``)."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
 def _per_row(block: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from embshard.data.config import (CriteoNpyConfig, CriteoTsvConfig, DataConfig, SyntheticConfig, check_files,
                                   register_data_schemas)
 from embshard.models.config import DLRMConfig
+from embshard.comms import CommsPrecision
 from embshard.planner.types import Constraints
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
@@ -38,6 +39,7 @@ class PlannerConfig:
     use_ilp: bool = False
     ilp_time_s: float = 1.0
     torchrec_compatible: bool = False  # only layouts TorchRec's runtime also runs (benchmarks against it)
+    comms: CommsPrecision = CommsPrecision()  # wire dtypes: forward, backward, dp_allreduce (fp32, fp16, bf16)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     if not launcher.nproc > 0:  # before the topology, whose world size follows it (configs/train_ranks.yaml)
         raise ValueError(f"launcher.nproc: must be a positive number of local ranks, got {launcher.nproc}")
     topology = Topology.from_dict(raw["topology"])
+    if topology.comms != CommsPrecision():
+        raise ValueError(f"topology.comms: {topology.comms} set in the topology; set the wire dtypes with planner.comms.* "
+                         "(e.g. planner.comms.forward=fp16), the plan records them")
     # The unsharded reference does not plan: its constraints (for a sharded run's ranks) are not used.
     constraints = Constraints() if obj.unsharded else \
         Constraints.from_dict(raw["constraints"], [s.name for s in specs], topology.world_size)

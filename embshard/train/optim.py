@@ -5,6 +5,9 @@ from the tables file, or ``table_optimizer`` for all; hyper-parameters from ``sp
 the dense parameters (MLPs, interaction, attention) with a torch optimizer from ``dense``.
 Gradient clipping, if set, clips the dense parameters' gradient norm (fused optimizers
 consume the embedding gradients inside backward, before any clipping could see them).
+``sharded_update`` shards the dense optimizer across the ranks (torch's ZeroRedundancyOptimizer:
+DDP still all-reduces the gradients, each rank keeps the state of and updates only its share of
+the dense parameters, then broadcasts them), so its state takes 1/W of the memory per rank.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     table_optimizer: str | None = None  # every table's fused optimizer; None keeps each table's own
     clip_grad_norm: float | None = None  # max L2 norm of the dense gradients; None = no clipping
+    sharded_update: bool = False  # dense optimizer state and update sharded across ranks (ZeRO-1); unsharded runs ignore it
 
     def __post_init__(self) -> None:
         if self.table_optimizer is not None and self.table_optimizer not in TABLE_OPTIMIZERS:

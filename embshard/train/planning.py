@@ -25,7 +25,8 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
         else:
             p = settings.planner
             plan = planner.plan(settings.specs, settings.topology, settings.constraints, time_budget_s=p.time_budget_s,
-                                use_ilp=p.use_ilp, ilp_time_s=p.ilp_time_s, torchrec_compatible=p.torchrec_compatible)
+                                use_ilp=p.use_ilp, ilp_time_s=p.ilp_time_s, torchrec_compatible=p.torchrec_compatible,
+                                comms=p.comms)
         return plan.to_json(), time.perf_counter() - t0
 
     text, planning_s = on_main(ctx, build)

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch import Tensor, nn
 from rich.console import Console
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -70,7 +72,8 @@ class Trainer:
             def load_tables(shards: dict[str, TableShard]) -> None:
                 for c in collections:
                     c.load_state_dict({name: shards[name] for name in c.state_dict()})
-        self.optimizer = dense_optimizer(s.optim.dense, [p for _, p in self.dense])
+        shard_over = ctx.pg if s.optim.sharded_update and not s.unsharded else None
+        self.optimizer = dense_optimizer(s.optim.dense, [p for _, p in self.dense], shard_over)
         self.parts = checkpoint.Parts(s.specs, table_shards, load_tables, self.dense, self.optimizer, s.optim.dense.name)
         self.metrics: MetricsLog | None = None
         self.step, self.samples_consumed, self.position = 0, 0, None
@@ -215,14 +218,22 @@ def pipelined(setting: bool | None, ctx: RankContext) -> bool:
     return ctx.local_world_size < ctx.world_size if setting is None else setting
 
 
-def dense_optimizer(config: DenseOptimConfig, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+
+def dense_optimizer(config: DenseOptimConfig, params: Iterable[nn.Parameter],
+                    shard_over: dist.ProcessGroup | None = None) -> torch.optim.Optimizer:
+    """The dense layers' optimizer; with ``shard_over``, sharded across that group's ranks (ZeroRedundancyOptimizer:
+    each rank holds the state of and updates its share of the parameters, then broadcasts them)."""
     params = list(params)
     if config.name == "sgd":
-        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay)
-    if config.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=config.learning_rate, eps=config.eps, weight_decay=config.weight_decay)
-    return torch.optim.Adam(params, lr=config.learning_rate, betas=(config.beta1, config.beta2), eps=config.eps,
-                            weight_decay=config.weight_decay)
+        cls, kwargs = torch.optim.SGD, dict(momentum=config.momentum)
+    elif config.name == "adagrad":
+        cls, kwargs = torch.optim.Adagrad, dict(eps=config.eps)
+    else:
+        cls, kwargs = torch.optim.Adam, dict(betas=(config.beta1, config.beta2), eps=config.eps)
+    kwargs.update(lr=config.learning_rate, weight_decay=config.weight_decay)
+    if shard_over is not None:
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=shard_over, **kwargs)
+    return cls(params, **kwargs)
 
 
 class _Interval:

@@ -17,12 +17,15 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import ShardingPlan as TrShardingPlan
 from torchrec.modules.embedding_configs import DataType
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, get_qcomm_codecs_registry
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from embshard.comms import CommsPrecision
 from embshard.interop.torchrec import (
     from_torchrec_plan,
     to_embedding_configs,
     to_torchrec_plan,
+    to_torchrec_qcomms,
     to_torchrec_topology,
     torchrec_estimate,
 )
@@ -215,3 +218,23 @@ def test_estimate_of_torchrecs_plan_equals_its_planners_rating():
     ours = from_torchrec_plan(TrShardingPlan({"": tr_plan.plan[""]}), specs, topo)
     assert max(torchrec_estimate(ours)) == pytest.approx(rating_ms, rel=1e-9)
     assert len({t.sharding_type for t in ours.tables}) >= 3  # the check covers split layouts, not only table_wise
+
+
+@pytest.mark.parametrize("forward,backward", [("fp16", "bf16"), ("bf16", "fp32"), ("fp32", "fp32")])
+def test_wire_dtypes_export_as_qcomms_config(forward, backward):
+    plan = manual_plan(SPECS, dataclasses.replace(TOPO, comms=CommsPrecision(forward, backward)), LAYOUT)
+    config = to_torchrec_qcomms(plan)
+    assert (config.forward_precision, config.backward_precision) == (CommType(forward), CommType(backward))
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    registry = get_qcomm_codecs_registry(config)  # what TorchRec's sharders quantize with; None: plain fp32 collectives
+    assert (registry is None) == (forward == backward == "fp32")
+    for name, codecs in (registry or {}).items():
+        assert (codecs.forward.quantized_dtype, codecs.backward.quantized_dtype) == (dtypes[forward], dtypes[backward]), name
+
+
+def test_quantized_data_parallel_all_reduce_does_not_export():
+    quantized_dp = dataclasses.replace(TOPO, comms=CommsPrecision("fp16", "fp16", dp_allreduce="bf16"))
+    with pytest.raises(ValueError, match="comms.dp_allreduce=bf16, but TorchRec all-reduces data-parallel tables in fp32"):
+        to_torchrec_qcomms(manual_plan(SPECS, quantized_dp, LAYOUT))
+    no_dp = {**LAYOUT, "dp": ("table_wise", [1])}
+    assert to_torchrec_qcomms(manual_plan(SPECS, quantized_dp, no_dp)).forward_precision is CommType.FP16

@@ -190,7 +190,7 @@ def test_version_2_file_loads_with_every_shard_in_hbm():
     assert all(r.storage.host_bytes == 0 for r in p.ranks) and p.max_rank_ms == raw["objective_ms"]
     again = json.loads(p.to_json())
     assert again["schema_version"] == SCHEMA_VERSION and [t.get("shards") for t in again["tables"]] == [t.get("shards") for t in raw["tables"]]
-    assert evaluate(p.specs, p.topology, p.tables).max_rank_ms == pytest.approx(raw["objective_ms"])
+    # (not re-priced against the file: since schema 5 the model sends int64 lengths, 8 bytes, as the runtime does)
 
 
 def test_report_shows_host_memory_and_hit_rates():

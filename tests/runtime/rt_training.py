@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from embshard.comms import CommsPrecision
 from embshard.planner.plan import ShardingPlan, TablePlacement
 from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
@@ -58,6 +59,9 @@ MEAN_TABLES = {"ta", "tc"}
 MIXED_POOLED = [ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL]
 MIXED_SEQUENCE = [ShardingType.TABLE_ROW_WISE, ShardingType.DATA_PARALLEL, ShardingType.TABLE_COLUMN_WISE, ShardingType.TABLE_WISE]
 FP16_TOL = 2e-3
+# Quantized comms: (forward, backward) wire dtypes; the unit roundoff of each is eps / 2.
+WIRE_CASES = (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "bf16"))
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 
 
 # ---- plans ------------------------------------------------------------------------------
@@ -213,6 +217,28 @@ def compare_shards(sharded, ref, ref_opt: ReferenceOptimizer, specs: list[TableS
 
 def run_training(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, **kwargs) -> dict[str, float]:
     return train(specs, plan, pg, **kwargs)[3]
+
+
+def wire_tolerances(forward: str, backward: str) -> dict[str, float]:
+    """Bounds on a quantized-comms case's errors against the fp32 reference, from the formats' unit roundoff u (eps / 2).
+
+    Forward: every wire value (a pooled sum, a row-wise partial sum, a row) is rounded once, |error| <= u |value|;
+    a bag sums at most 4 ids of |x| < 1.5 (tables 0.3 x randn, per-id weights < 1.5), and a row-wise bag arrives as
+    at most 2 rounded partial sums here: < 4 x 1.5 x 2 u. Backward: every gradient element is rounded once (relative
+    u; the loss is linear, so forward rounding does not reach the gradients), |g| < 4 (randn targets): a step moves
+    a weight by at most lr |g| u (sgd) or about 2 lr u (adagrad/adam, normalised), 5 steps at lr = 0.05: < 5 x 0.05 x 4
+    x 2 u = 2 u; adagrad's sum of squared gradients errs by 2u g^2 per step: < 5 x 16 x 2 u = 160 u.
+    """
+    uf, ub = UNIT_ROUNDOFF[forward], UNIT_ROUNDOFF[backward]
+    return {"tolerance_err_forward": 12 * uf, "tolerance_err_weights": 2 * ub, "tolerance_err_optimizer_state": 160 * ub}
+
+
+def run_quantized(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, **kwargs) -> dict[str, float]:
+    """A quantized-comms run against the fp32 reference: within the wire formats' rounding, and visibly rounded."""
+    errors = run_training(specs, plan, pg, **kwargs)
+    comms = plan.topology.comms
+    return {**errors, **wire_tolerances(comms.forward, comms.backward),
+            "rounded": errors["err_forward"] + errors["err_weights"]}
 
 
 def run_mode_of_topology(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup) -> dict[str, float]:
@@ -402,6 +428,17 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
             cases[f"data_parallel-modes-per-table-{kind}{variant}"] = (
                 lambda pg, s=tables, p=plan, pooled=pooled: run_mixed_modes(s, p, pg, pooled=pooled, weighted=pooled,
                                                                            seed=41, empty_ranks=True))
+    # Quantized communication: embeddings and gradients on the wire as fp16 / bf16, data-parallel all-reduce too.
+    for forward, backward in WIRE_CASES:
+        wire = dataclasses.replace(topo, comms=CommsPrecision(forward, backward, dp_allreduce=backward))
+        name = f"wire-{forward}-{backward}"
+        cases[f"{name}-mixed-pooled"] = (lambda pg, t=wire: run_quantized(
+            POOLED, make_plan(POOLED, t, MIXED_POOLED), pg, pooled=True, mean=True, seed=41))
+        cases[f"{name}-mixed-sequence"] = (lambda pg, t=wire: run_quantized(
+            SEQUENCE, make_plan(SEQUENCE, t, MIXED_SEQUENCE), pg, pooled=False, seed=42))
+    wire = dataclasses.replace(topo, comms=CommsPrecision("bf16", "fp16"))
+    cases["wire-bf16-fp16-mixed-pooled-weighted-replicated_lookup"] = lambda pg: run_quantized(
+        POOLED, make_plan(POOLED, wire, MIXED_POOLED), pg, pooled=True, weighted=True, seed=43, **replicated)
     all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
     cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
     return cases

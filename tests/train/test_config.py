@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from embshard import cli, planner
 from embshard.cli import CONFIG_DIR
+from embshard.comms import CommsPrecision
 from embshard.data.batch import FeatureLayout
 from embshard.data.stream import open_stream
 from embshard.models.dlrm import DLRM
@@ -24,6 +25,7 @@ from embshard.ports import free_port
 from embshard.runtime import OptimizerConfig
 from embshard.train import config
 from embshard.train.trainer import dense_optimizer
+import train_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = Path(CONFIG_DIR)
@@ -202,3 +204,12 @@ def test_torchrun_processes_print_a_config_error_once(tmp_path) -> None:
         out, err = p.communicate(timeout=120)
         lines = [line for line in (out + err).splitlines() if "embshard-train: error:" in line]
         assert len(lines) == 1 and needle in lines[0], err[-3000:]  # was one line per process (of those not stopped)
+
+
+def test_wire_dtypes_are_planner_options(config_dir, tmp_path) -> None:
+    s = train_tables.settings(config_dir, tmp_path / "ok", "planner.comms.forward=fp16", "planner.comms.backward=bf16")
+    assert s.planner.comms == CommsPrecision("fp16", "bf16", "fp32")
+    with pytest.raises(ValueError, match=r"comms.forward: 'int8' is not a wire dtype; give one of \['fp32', 'fp16', 'bf16'\]"):
+        train_tables.settings(config_dir, tmp_path / "bad", "planner.comms.forward=int8")
+    with pytest.raises(ValueError, match=r"topology.comms: .* set the wire dtypes with planner.comms"):
+        train_tables.settings(config_dir, tmp_path / "topo", "topology.comms.forward=fp16")

@@ -5,7 +5,9 @@ table on another sharding type and a user-history feature (sequence table, row-w
 --multirun sweep; two 2-rank TSV runs that fail at their first batch, on every rank or on rank 1 only;
 K = 2 ranks of which one is killed after its first step. Meanwhile, in
 this process: U = the unsharded reference on A's global batches for 10 steps, and a Criteo
-TSV run that skips malformed lines (with TensorBoard). Stage 2, from A's checkpoints: B = torchrun resuming A
+TSV run that skips malformed lines (with TensorBoard); Q = A with quantized communication (fp16 embeddings,
+bf16 gradients and data-parallel all-reduce on the wire), no checkpoints; Z = A's first 10 steps with the
+dense optimizer sharded across the ranks (optim.sharded_update). Stage 2, from A's checkpoints: B = torchrun resuming A
 at step 30, and A's last checkpoint on 3 ranks (another plan) and in one process
 (unsharded). Starting a rank costs seconds (imports), so checks share runs. Collectives
 time out after 60 s (K: 20 s), so no case can hang the suite.
@@ -25,14 +27,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
 from rich.console import Console
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from embshard.cli import CONFIG_DIR
 from embshard.ports import free_port
 from embshard.launch import distributed
 from embshard.train import config
-from embshard.train.checkpoint import read_tables
+from embshard.train.checkpoint import SafeReader, read_metadata, read_tables
 from embshard.train.trainer import Trainer
 from train_tables import FAST_PLANNER, MODEL
 
@@ -46,6 +50,7 @@ SHARDING = [f"+constraints.tables.{t}.sharding_types={types}" for t, types in LA
     ["+constraints.tables.t1.ranks=[1]", "+constraints.tables.t5.ranks=[0]", "+constraints.tables.item.sharding_types=[row_wise]"]
 # A user-history feature: a sequence table "item", looked up by the sharded EmbeddingCollection.
 SEQUENCE = ["model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6"]
+QCOMMS = ["planner.comms.forward=fp16", "planner.comms.backward=bf16", "planner.comms.dp_allreduce=bf16"]
 BATCH = 64  # per rank of A; the unsharded reference takes 2 x 64
 KILL_TIMEOUT_S = 20  # K's collective timeout
 EVAL_SAMPLES = 500  # not a multiple of 2 x 64 or 3 x 64: the last eval batch is short on 2 ranks, empty on rank 2 of 3
@@ -126,6 +131,10 @@ def stage1(config_dir, tmp_path_factory) -> dict:
         "A": start(tmp, "A", [*base(config_dir), *SHARDING, "launcher.nproc=2", "steps=60",
                               f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=30", "checkpoint.every_steps=10",
                               "checkpoint.keep_last=6"]),
+        "Q": start(tmp, "Q", [*base(config_dir), *SHARDING, *QCOMMS, "launcher.nproc=2", "steps=60",
+                              f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=0"]),
+        "Z": start(tmp, "Z", [*base(config_dir), *SHARDING, "optim.sharded_update=true", "launcher.nproc=2", "steps=10",
+                              f"topology.batch_size_per_rank={BATCH}", "eval.every_steps=0"]),
         "strict": start(tmp, "strict", [*tsv, "unsharded=true", "data.strict=true"]),
         # one sharded process, then 2 local ranks: the launcher under --multirun
         "sweep": start(tmp, "sweep", ["--multirun", *base(config_dir), "launcher.nproc=1,2", "steps=2",
@@ -185,6 +194,39 @@ def test_planted_signal_reaches_auc_074(stage1) -> None:
     assert sorted(p.name for p in (a.out / "checkpoints").iterdir()) == [f"step_{10 * i:06d}" for i in range(1, 7)]
     # every rank wrote its own shards (no gather to rank 0)
     assert sorted(p.name for p in (a.out / "checkpoints" / "step_000060").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_quantized_communication_reaches_the_fp32_runs_auc(stage1) -> None:
+    a, q = stage1["A"], stage1["Q"]
+    assert q.proc.returncode == 0, q.text[-3000:]
+    comms = json.loads((q.out / "plan.json").read_text())["topology"]["comms"]
+    assert comms == {"forward": "fp16", "backward": "bf16", "dp_allreduce": "bf16"}
+    fp32, quantized = metrics(a.out, "eval")[-1], metrics(q.out, "eval")[-1]
+    assert fp32["step"] == quantized["step"] == 60 and abs(quantized["auc"] - fp32["auc"]) <= 0.002, (fp32, quantized)
+    losses = [(x["loss"], y["loss"]) for x, y in zip(metrics(a.out), metrics(q.out))]
+    assert len(losses) == 60 and any(x != y for x, y in losses[1:])  # the wire really rounds
+
+
+def read_dense(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Every dense parameter and dense optimizer state tensor of a checkpoint, in this process."""
+    metadata = read_metadata(checkpoint)
+    dest = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+            if k.startswith("dense") and isinstance(m, TensorStorageMetadata)}
+    dcp.load(dest, storage_reader=SafeReader(checkpoint), no_dist=True)
+    return dest
+
+
+def test_sharded_weight_updates_match_the_unsharded_reference(stage1) -> None:
+    z, tmp = stage1["Z"], stage1["tmp"]
+    assert z.proc.returncode == 0, z.text[-3000:]
+    sharded, reference = [r["loss"] for r in metrics(z.out)], [r["loss"] for r in metrics(tmp / "U")]
+    assert len(sharded) == len(reference) == 10 and max(abs(x - y) for x, y in zip(sharded, reference)) < 1e-5, (sharded, reference)
+    got, want = read_dense(z.out / "checkpoints" / "step_000010"), read_dense(tmp / "U" / "checkpoints" / "step_000010")
+    # every parameter's optimizer state was saved (each by the rank that owns it) and equals the reference's
+    assert set(got) == set(want) and any(k.startswith("dense_optim.") for k in want)
+    assert max(float((got[k].double() - want[k].double()).abs().max()) for k in want) < 1e-5
+    tables_got, tables_want = read_tables(z.out / "checkpoints"), read_tables(tmp / "U" / "checkpoints")
+    assert max(float((tables_got[k] - tables_want[k]).abs().max()) for k in tables_want) < 1e-5
 
 
 def test_eval_reads_a_tsv_file_once_and_counts_its_valid_lines(stage1) -> None:

@@ -4,7 +4,8 @@ Notation: B batch per rank, W ranks, L ranks per host, G = B*W global batch; a t
 rows, D columns stored in `TableSpec.row_bytes` bytes per row (fp32, fp16, or int8 with its
 scale and bias), F features each with P ids per sample (pooling factor), so one step looks
 up I = G*P*F ids of it. A shard holds n rows and d columns. Embeddings leave the kernels as
-fp32 (OUTPUT_BYTES) whatever the weights' dtype.
+fp32 (OUTPUT_BYTES) whatever the weights' dtype; on the wire they, their gradients and
+data-parallel gradients take the plan's `topology.comms` dtypes (`wire_bytes`: fp32, fp16, bf16).
 
 Who pays what:
 - The shard's *holder* receives the ids routed to it, runs the lookup forward and backward
@@ -61,8 +62,9 @@ import math
 from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
+from embshard.comms import WIRE_BYTES  # noqa: F401
 from embshard.planner.cost.tiers import hit_rate
-from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES  # noqa: F401
+from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
 from embshard.planner.types import Location, Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES, Topology
@@ -186,19 +188,22 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
-    if stype.splits_rows and spec.pooled:
-        # partial sums are first reduce-scattered among the row shards that share a host,
-        # then each sends its 1/k_h of the host's sums to the sample owners
-        per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
-        out_ms = host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(out_bytes / per_host, topo)
-    else:
-        out_ms = spread_comm_ms(out_bytes, topo)
-    out_ms += _assemble_ms(spec, topo, out_bytes, ids)
+    out_ms = []
+    for direction in ("forward", "backward"):
+        sent = out_rows * num_cols * wire_bytes(topo, direction)
+        if stype.splits_rows and spec.pooled:
+            # partial sums are first reduced among the row shards that share a host (in fp32),
+            # then each sends its 1/k_h of the host's sums to the sample owners (on the wire)
+            per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
+            out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo))
+        else:
+            out_ms.append(spread_comm_ms(sent, topo))
+    assemble_ms = _assemble_ms(spec, topo, out_bytes, ids)
     return _factored(Perf(
         input_dist_ms=spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, ids, G * F),
         lookup_fwd_ms=fwd,
-        output_dist_fwd_ms=out_ms,
-        output_dist_bwd_ms=out_ms,
+        output_dist_fwd_ms=out_ms[0] + assemble_ms,
+        output_dist_bwd_ms=out_ms[1] + assemble_ms,
         lookup_bwd_ms=bwd,
     ), topo)
 
@@ -214,10 +219,11 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
     # pooled row-wise: one reduced copy from every host holding row shards (row_wise spreads them over the hosts)
     out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE and spec.pooled else 1
-    out_bytes = out_copies * (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
-    out_ms = spread_comm_ms(out_bytes, topo) + _assemble_ms(spec, topo, out_bytes, ids)
+    out_elements = out_copies * (B * F if spec.pooled else ids) * D
+    assemble_ms = _assemble_ms(spec, topo, out_elements * OUTPUT_BYTES, ids)
+    fwd_ms, bwd_ms = (spread_comm_ms(out_elements * wire_bytes(topo, d), topo) + assemble_ms for d in ("forward", "backward"))
     input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
-    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=out_ms, output_dist_bwd_ms=out_ms), topo)
+    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=fwd_ms, output_dist_bwd_ms=bwd_ms), topo)
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False, mode: str | None = None) -> Perf:
@@ -260,7 +266,7 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(N * (D + 1) * GRAD_BYTES, topo) + collective_fixed_ms(topo, 2),  # gradient, ids per row
+        dp_allreduce_ms=allreduce_ms(N * (D + 1) * wire_bytes(topo, "dp_allreduce"), topo) + collective_fixed_ms(topo, 2),  # gradient, ids per row
     ), topo)
 
 

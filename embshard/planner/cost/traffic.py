@@ -24,14 +24,22 @@ from typing import Sequence
 
 import numpy as np
 
+from embshard.comms import WIRE_BYTES
+
 from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
 ID_BYTES = 8  # int64 ids
 LENGTH_BYTES = 8  # int64 bag lengths
-OUTPUT_BYTES = 4  # fp32 embeddings and their gradients on the wire
-GRAD_BYTES = 4  # the data-parallel all-reduce: fp32 weight gradients and id counts
+OUTPUT_BYTES = WIRE_BYTES["fp32"]  # the runtime's kernels emit fp32 embeddings (and take fp32 gradients); in-host sums stay fp32
+GRAD_BYTES = WIRE_BYTES["fp32"]  # dense gradients and optimizer state are fp32
+
+
+def wire_bytes(topo: Topology, direction: str) -> float:
+    """Bytes of one embedding (gradient) element on the wire: 'forward' (output dist), 'backward'
+    (its gradients), 'dp_allreduce' (data-parallel gradients and id counts); `Topology.comms`."""
+    return topo.comms.bytes_per_element(direction)
 
 
 @dataclass(frozen=True)
@@ -154,17 +162,19 @@ def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Seque
         ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
         links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
         if not row_sums:  # outputs, and their gradients back
-            out = F * (B if spec.pooled else ids) * s.num_cols * OUTPUT_BYTES
-            links.from_one(s.rank, out)
-            links.to_one(s.rank, out)
+            out = F * (B if spec.pooled else ids) * s.num_cols
+            links.from_one(s.rank, out * wire_bytes(topo, "forward"))
+            links.to_one(s.rank, out * wire_bytes(topo, "backward"))
     if row_sums:
-        block = B * spec.embedding_dim * OUTPUT_BYTES * F  # one sample owner's partial sums of every feature
+        block = B * spec.embedding_dim * F  # one sample owner's partial sums of every feature (elements)
         owners = np.arange(W)
         for members in host_members([s.rank for s in shards], topo.local_world_size):
             reducer = reducers(members, W)
-            for src, dst in ([(m, reducer) for m in members] if len(members) > 1 else []) + [(reducer, owners)]:
-                links.add(src, dst, block)  # the sums
-                links.add(dst, src, block)  # their gradients
+            for m in members if len(members) > 1 else ():  # reduced in the host in fp32
+                links.add(m, reducer, block * OUTPUT_BYTES)
+                links.add(reducer, m, block * OUTPUT_BYTES)
+            links.add(reducer, owners, block * wire_bytes(topo, "forward"))  # the host's sums, on the wire
+            links.add(owners, reducer, block * wire_bytes(topo, "backward"))  # their gradients
 
 
 def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
@@ -173,11 +183,11 @@ def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
     ids = B * P
     rows = B if spec.pooled else ids
     for q in range(topo.world_size):
-        links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * OUTPUT_BYTES)
+        links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * wire_bytes(topo, "backward"))
 
 
 def _ring_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
     links = _Links(topo)
     W = topo.world_size
-    links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * GRAD_BYTES)
+    links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * wire_bytes(topo, "dp_allreduce"))
     return links.per_rank()

@@ -1,0 +1,57 @@
+"""Embeddings on the wire in the plan's precision (`embshard.comms.CommsPrecision`).
+
+Output dist's all-to-all sends fp32 embeddings cast to ``comms.forward`` and casts them back
+to fp32 on arrival; its backward sends the gradients in ``comms.backward`` (one autograd
+function, so the two directions may differ: autograd would cast a gradient back to the
+forward dtype between two separate functions). Data-parallel gradients are all-reduced in
+``comms.dp_allreduce``: the sum runs in that dtype, as TorchRec's quantized comms do.
+Everything outside these collectives stays fp32; fp32 on the wire is the plain collective.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from embshard.comms import CommsPrecision
+from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _WireAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], pg: dist.ProcessGroup, grad_scale: float,
+                forward_dtype: torch.dtype, backward_dtype: torch.dtype) -> Tensor:
+        ctx.splits, ctx.pg, ctx.grad_scale, ctx.backward_dtype = (out_splits, in_splits), pg, grad_scale, backward_dtype
+        return all_to_all(x.to(forward_dtype), out_splits, in_splits, pg).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        out_splits, in_splits = ctx.splits
+        back = all_to_all(grad.to(ctx.backward_dtype), in_splits, out_splits, ctx.pg).to(grad.dtype)
+        if ctx.grad_scale != 1.0:
+            back.mul_(ctx.grad_scale)
+        return back, None, None, None, None, None, None
+
+
+def wire_all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], pg: dist.ProcessGroup,
+                    comms: CommsPrecision, grad_scale: float = 1.0) -> Tensor:
+    """`embshard.runtime.comm.all_to_all_autograd` with ``comms.forward`` / ``comms.backward`` on the wire."""
+    if comms.forward == comms.backward == "fp32":
+        return all_to_all_autograd(x, out_splits, in_splits, pg, grad_scale)
+    return _WireAllToAll.apply(x, list(out_splits), list(in_splits), pg, grad_scale,
+                               TORCH_DTYPES[comms.forward], TORCH_DTYPES[comms.backward])
+
+
+def wire_all_reduce_(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
+    """Sum ``flat`` over the group in place, on the wire (and in the sum) as ``dtype``."""
+    if dtype == "fp32":
+        all_reduce(flat, pg)
+        return flat
+    wire = flat.to(TORCH_DTYPES[dtype])
+    all_reduce(wire, pg)
+    return flat.copy_(wire)
