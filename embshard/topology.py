@@ -161,7 +161,12 @@ class Topology:
         return self.batch_size_per_rank * self.world_size
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, except the host-memory tier's when there is none (ddr_gib 0): a topology
+        without it serialises, and plans' input hashes come out, as before tiers existed."""
+        out = asdict(self)
+        if not self.ddr_gib:
+            del out["ddr_gib"], out["ddr_gb_per_s"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "topology") -> "Topology":
