@@ -253,3 +253,13 @@ def test_criteo_tb_plans_on_8_ranks_of_8_gib_with_measured_curves_and_host_memor
         if where == "uvm_cache":
             shards = p.placement(name).shards
             assert hit == pytest.approx(sum(s.num_rows * hit_rate(spec, s.cache_rows, s.num_rows) for s in shards) / spec.num_embeddings)
+
+
+def test_a_topology_without_host_memory_serialises_and_hashes_as_before():
+    plain = Topology(world_size=8)
+    assert "ddr_gib" not in plain.to_dict() and Topology.from_dict(plain.to_dict()) == plain
+    tiered = Topology(world_size=8, ddr_gib=64, ddr_gb_per_s=32)
+    assert Topology.from_dict(tiered.to_dict()) == tiered and tiered.to_dict()["ddr_gb_per_s"] == 32.0
+    raw = json.loads(V2_FILE.read_text())  # main's plan, before tiers: its input hash is reproduced
+    p = ShardingPlan.load(V2_FILE)
+    assert evaluate(p.specs, p.topology, p.tables).input_hash == raw["input_hash"]
