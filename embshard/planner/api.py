@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
+from embshard.planner.footprint import check_planner_memory
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
@@ -62,6 +63,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
+    check_planner_memory(len(specs), topology.world_size)
     problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s)
     if problem.unsplit_for_time:
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
