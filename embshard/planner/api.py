@@ -152,7 +152,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
         if still_improving:  # cut short while it improves: it keeps the time the next start would take
             state, more = local_search(state, clock.search_deadline)
             steps += more
-            clock.skip(f"{starts[i + 1][0]} start (the {name} start's local search was still improving)")
+            clock.skip(f"{starts[i + 1][0]} start (out of time: the {name} start's local search was still improving)")
         clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:
