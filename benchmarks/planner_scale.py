@@ -10,9 +10,11 @@ process (imports, Hydra, planning, report, plan.json and chart) in a subprocess,
 the base commit (--base, default d71f317, checked out with `git worktree` into a temporary
 folder) and once with this checkout; it records wall and CPU time of the process (os.wait4),
 its peak RSS, the planning time the plan reports (search.wall_s), the plan file's size and
-the objective, bound and gap. `--torchrec` also runs TorchRec's planner
-(benchmarks/planner_vs_torchrec.py's subprocess, killed after --torchrec-limit-s) on each
-case and reports its wall time; it is slow (minutes per case from about 1,000 tables).
+the objective, bound and gap. `--torchrec` also runs TorchRec's EmbeddingShardingPlanner
+(benchmarks/planner_vs_torchrec.py's subprocess, killed after --torchrec-limit-s, default 10
+min) on each case: its wall time, its plan's objective under embshard's model with embshard's
+bound and gap, or "did not finish in 10 min"; it is slow (minutes per case from about 1,000
+tables: with the default sizes budget about 35 minutes).
 Without --torchrec the default sizes take about 3 minutes on a quiet 2-core machine.
 
 Writes the markdown table (machine, date, commits, load average before and after), a log-log
@@ -69,9 +71,14 @@ def run_case(checkout: Path, config_dir: Path, name: str, world_size: int, out_d
 
 
 def run_torchrec_case(config_dir: Path, name: str, world_size: int, limit_s: float) -> dict:
+    """TorchRec's EmbeddingShardingPlanner on one case, in a subprocess killed after limit_s
+    (benchmarks/planner_vs_torchrec.py's child, its own timeout_seconds at 80% of it): the
+    subprocess's wall time, the planner's own time, and its plan scored by embshard's model
+    (objective, embshard's bound and gap), or why there is none."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from planner_vs_torchrec import run_torchrec  # noqa: E402 (a sibling script)
 
+    from embshard.planner.plan import ShardingPlan
     from embshard.specs import load_tables_file
     from embshard.topology import Topology
 
@@ -79,7 +86,14 @@ def run_torchrec_case(config_dir: Path, name: str, world_size: int, limit_s: flo
     topo = Topology(world_size=world_size, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
     t0 = time.perf_counter()
     result = run_torchrec(specs, topo, limit_s, int(limit_s * 0.8))
-    return {"status": result["status"], "wall_s": result.get("wall_s", time.perf_counter() - t0)}
+    row = {"process_wall_s": time.perf_counter() - t0}
+    if result["status"] == "timeout":
+        return {**row, "status": f"did not finish in {limit_s / 60:g} min"}
+    if result["status"] != "ok":
+        return {**row, "status": f"failed: {result.get('detail', result['status'])}"}
+    plan = ShardingPlan.from_dict(result["plan"])
+    return {**row, "status": f"ok ({result['num_proposals']} proposals, TorchRec's own rating {result['torchrec_rating_ms']:.4f} ms)",
+            "planning_s": result["wall_s"], "objective_ms": plan.max_rank_ms, "bound_ms": plan.lower_bound_ms, "gap": plan.gap}
 
 
 def fit_exponent(x: list[float], y: list[float]) -> float | None:
@@ -147,7 +161,10 @@ def markdown(rows: list[dict], meta: dict, fits: dict, png: Path) -> str:
                          f"{x['bound_ms']:.4f} | {100 * x['gap']:.1f}% | {x['method']} |")
         if "torchrec" in r:
             t = r["torchrec"]
-            lines.append(f"| {r['tables']} x {r['ranks']} | TorchRec planner | {cell(t.get('wall_s'), '.1f')} | | | | | | | | {t['status']} |")
+            gap = f"{100 * t['gap']:.1f}%" if "gap" in t else ""
+            lines.append(f"| {r['tables']} x {r['ranks']} | TorchRec planner | {cell(t.get('process_wall_s'), '.1f')} | | "
+                         f"{cell(t.get('planning_s'), '.2f')} | | | {cell(t.get('objective_ms'), '.4f')} | {cell(t.get('bound_ms'), '.4f')} | "
+                         f"{gap} | {t['status']} |")
     lines += ["", f"![time and memory vs size]({png.name})", "",
               "Fitted exponents (cost ~ (tables x ranks)^k, least squares on log-log): "
               + ", ".join(f"{k}: {cell(v, '.2f')}" for k, v in fits.items()), ""]

@@ -124,12 +124,14 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     specs = tables_from_list(job["specs"])
     topo = Topology.from_dict(job["topology"])
-    bags, sequences = to_embedding_configs(specs)
+    bags, _ = to_embedding_configs([s for s in specs if s.pooled])
     model = nn.Module()
     if bags:
         model.ebc = EmbeddingBagCollection(tables=bags, device=torch.device("meta"))
-    if sequences:
-        model.ec = EmbeddingCollection(tables=sequences, device=torch.device("meta"))
+    # an EmbeddingCollection takes one embedding_dim: one collection per width of the sequence tables
+    for dim in sorted({s.embedding_dim for s in specs if not s.pooled}):
+        _, sequences = to_embedding_configs([s for s in specs if not s.pooled and s.embedding_dim == dim])
+        setattr(model, f"ec_{dim}", EmbeddingCollection(tables=sequences, device=torch.device("meta")))
     tr_topology = to_torchrec_topology(topo)
     planner = EmbeddingShardingPlanner(
         topology=tr_topology, batch_size=topo.batch_size_per_rank, constraints=torchrec_constraints(specs, job.get("uvm", False)),

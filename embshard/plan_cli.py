@@ -30,6 +30,7 @@ from rich.console import Console
 from embshard import plan_sweep, planner
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.extras import MissingExtra, require
+from embshard.planner.footprint import PlannerMemoryError
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.comms import CommsPrecision
 from embshard.planner.types import Constraints
@@ -105,7 +106,7 @@ def _sweep_run(specs, topology: Topology, constraints: Constraints, options: dic
     t0 = time.perf_counter()
     try:
         result = planner.plan(specs, topology, constraints, **options)
-    except planner.PlanInfeasibleError as e:
+    except (planner.PlanInfeasibleError, PlannerMemoryError) as e:  # a row of the table; the sweep goes on
         row = plan_sweep.infeasible_row(job, overrides, topology.world_size, topology.hbm_gib, str(e))
     else:
         out = sweep_dir / str(job) / out_name

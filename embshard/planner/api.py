@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from embshard.comms import CommsPrecision
 from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
 from embshard.planner.enumerate import forward_only
+from embshard.planner.footprint import check_planner_memory
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import cache_rows
@@ -73,6 +74,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
+    check_planner_memory(len(specs), topology.world_size)
     problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s)
     if problem.unsplit_for_time:
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
@@ -121,19 +123,21 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
 
 
 def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[RankState, str, float]:
-    """Greedy + local search from two starts (plain, and replicate-first); keep the faster plan.
+    """Greedy + local search from two starts (replicate-first, and plain); keep the faster plan.
 
-    The starts share half the time left. The second start is skipped when the first is
-    already within GOOD_ENOUGH_GAP of the bound, or when its greedy pass would not fit the
-    time left. Past the deadline a greedy pass finishes with one-shard layouts (named in the
-    method). Returns the plan, the method and the first greedy pass's seconds.
+    The starts share half the time left; replicate-first goes first. The second start is
+    skipped when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
+    pass would not fit the time left, or when the first start's local search is still
+    improving at the end of its share (it then goes on until the search deadline). Past the
+    deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
+    plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
     best, best_obj, method, failure, greedy_s = None, float("inf"), "", None, 0.0
     starts = [("greedy", None)]
     replicate = replication_prepass(problem)
-    if replicate:
-        starts.append(("replicate-first greedy", replicate))
+    if replicate:  # first: on many ranks the requester side it saves dominates, and the second start may not fit the time
+        starts.insert(0, ("replicate-first greedy", replicate))
     deadline = time.perf_counter() + clock.left_s() / 2
     for i, (name, replicate) in enumerate(starts):
         if best_obj <= good_enough:
@@ -155,11 +159,18 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
         if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it
             ls_deadline = clock.search_deadline
         state, steps = local_search(state, ls_deadline)
+        still_improving = time.perf_counter() >= ls_deadline and i + 1 < len(starts)
+        if still_improving:  # cut short while it improves: it keeps the time the next start would take
+            state, more = local_search(state, clock.search_deadline)
+            steps += more
+            clock.skip(f"{starts[i + 1][0]} start (out of time: the {name} start's local search was still improving)")
         clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:
             rushed = f" ({state.rushed} units one-shard only, out of time)" if state.rushed else ""
             best, best_obj, method = state, obj, f"{name}{rushed}+local_search({steps} steps)"
+        if still_improving:
+            break
     if best is None:
         raise PlanInfeasibleError(fragmentation_message(problem, failure.unit_index))
     return best, method, greedy_s

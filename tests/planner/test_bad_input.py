@@ -143,3 +143,35 @@ def test_binary_tables_file_is_named(tmp_path):
     path.write_bytes(b"tables: [\xff\xfe]\n")
     with pytest.raises(ValueError, match=r"t\.yaml: not UTF-8 text \(invalid start byte at byte 9\)"):
         read_tables_file(path)
+
+
+def test_input_too_large_for_this_machine_is_refused_up_front(monkeypatch):
+    from embshard.planner import api, footprint
+    from embshard.workloads import generate_tables
+
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 300 * 2**20)
+    monkeypatch.setattr(api, "build_problem", lambda *a, **k: pytest.fail("built the problem before checking memory"))
+    with pytest.raises(footprint.PlannerMemoryError, match=re.escape(
+            "planning 1000 tables on topology.world_size=4096 needs about 0.74 GiB of this machine's memory (estimate: "
+            "256 MiB + 128 bytes per table and rank) but 0.29 GiB is available; fix: plan on a machine with more free memory, "
+            "or fewer ranks (at most about 360 for 1000 tables here) or fewer tables")):
+        plan(generate_tables(1000), Topology(world_size=4096, local_world_size=8))
+    monkeypatch.setattr(footprint, "available_bytes", lambda: None)  # unknown (no /proc/meminfo, no psutil): no check
+    footprint.check_planner_memory(10**6, 10**6)
+
+
+def test_cli_refuses_input_too_large_for_this_machine_in_one_line(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from embshard import plan_cli
+    from embshard.planner import footprint
+
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 100 * 2**20)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["embshard-plan", "tables=criteo_tb", "topology.world_size=4096", "topology.hbm_gib=16"])
+    with pytest.raises(SystemExit) as exit_info:
+        plan_cli.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("embshard-plan: error: planning 26 tables on topology.world_size=4096 needs about 0.26 GiB")
+    assert not (tmp_path / "outputs").exists()

@@ -293,3 +293,28 @@ def test_row_splits_stop_at_blocks_too_small_to_balance():
     assert split and sum(1024 in c for c in split) < len(split) / 3  # all-rank splits only for tables that big
     compatible = [c for c in row_counts(build_problem(specs, topo, Constraints(), torchrec_compatible=True)) if c]
     assert compatible and all(c == {1024} for c in compatible)  # TorchRec's row_wise: all ranks, never pruned
+
+
+def test_bound_counts_the_requester_side_on_a_big_shards_rank():
+    # one compute-heavy table and 40 small ones, table-wise on 8 ranks: the big table's rank pays every rank's
+    # requester side (the small tables' outputs) on top of its own lookup, more than its shard's own all-to-all
+    # holder side; the bound's largest-shard rows with requester phases see that, so the bound is the optimum
+    specs = [TableSpec("big", 1_000_000, 64, pooling_factor=200.0)] + [TableSpec(f"s{i}", 1000, 64, pooling_factor=1.0) for i in range(40)]
+    p = plan(specs, Topology(world_size=8, local_world_size=8, hbm_gib=16, batch_size_per_rank=128), _tw_only(specs), time_budget_s=2)
+    holder = next(t.shards[0].rank for t in p.tables if t.name == "big")
+    assert [t.name for t in p.tables if t.shards[0].rank == holder] == ["big"]
+    assert p.ranks[holder].perf.total_ms == p.max_rank_ms
+    assert p.lower_bound_ms == pytest.approx(p.max_rank_ms, rel=1e-9)  # was 7.4% below (largest shard + its every-rank time)
+
+
+def test_local_search_reshards_when_the_maximum_falls_though_the_smooth_maximum_rises():
+    # 300 tables on 128 ranks: splitting the slowest rank's table finer lifts every rank's requester side, so
+    # the smooth maximum rises although the objective falls; the search takes such steps too (it stopped at
+    # 2.6829 ms after 14 steps), and stops once PATIENCE steps find no better maximum
+    from embshard.planner.search.greedy import replication_prepass
+
+    specs = generate_tables(300, seed=0, sequence_fraction=0.1)
+    problem = build_problem(specs, Topology(world_size=128, local_world_size=8, hbm_gib=16, batch_size_per_rank=128), Constraints())
+    start = greedy(problem, default_order(problem), replication_prepass(problem))
+    state, steps = local_search(start, float("inf"))
+    assert max(state.costs()) < 0.95 * 2.6829 and 14 < steps < 1000

@@ -4,13 +4,17 @@ A move or swap takes the slowest rank below the old maximum without lifting any 
 it. Re-sharding (split a hot table further, merge it back, replicate it, or switch its
 type) removes the table and places another candidate greedily; it is accepted when a
 smooth maximum (the 32-norm of rank times) falls and the maximum rises at most 2%, which
-lets replication help several slow ranks at once. The best state seen is returned.
+lets replication help several slow ranks at once, or else when the maximum falls (on many
+ranks, splitting a hot table finer lifts every rank's requester side a little and the smooth
+maximum with it). The best state seen is returned.
 `rank_order_rows` then puts row blocks in rank order wherever that costs the objective nothing.
 """
 
 from __future__ import annotations
 
 import time
+
+import numpy as np
 
 from embshard.planner.search.greedy import place
 from embshard.planner.search.problem import RankState
@@ -20,6 +24,7 @@ NEAREST_RANKS = 24  # ranks (cheapest first) tried as destinations per shard
 SWAP_SHARDS = 16  # largest shards of the slowest rank tried in swaps
 SWAP_RANKS = 8  # cheapest ranks tried as swap partners
 MAX_RISE = 0.02  # a re-shard may lift the maximum this much if the smooth maximum falls
+PATIENCE = 100  # steps without a new best maximum after which the search ends
 
 
 def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
@@ -118,10 +123,10 @@ def _cost_delta(state: RankState, r: int, out_vec, in_vec, out_kernels: tuple[in
     return c + state.calls_ms(r) + state.calls_delta_ms(r, out_kernels, in_kernels) if state.call_ms else c
 
 
-def _potential(costs: list[float], scale: float) -> float:
+def _potential(costs: np.ndarray, scale: float) -> float:
     """A smooth maximum (32-norm of times relative to `scale`): it falls when several of the
     slowest ranks drop even if a re-shard adds a little to every rank (replication does)."""
-    return sum((c / scale) ** 32 for c in costs)
+    return float(np.sum((costs / scale) ** 32))
 
 
 def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
@@ -129,14 +134,16 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
     rank holds them) and the units with the largest requester-side traffic (every rank pays it)."""
     units = state.problem.units
     hot = sorted(state.held[r], key=lambda ui: -units[ui].cands[state.choice[ui][0]].shard_cost[state.held[r][ui]])[:max_units]
-    chosen = [(ui, units[ui].cands[ch[0]]) for ui, ch in enumerate(state.choice)]
-    dp = [ui for ui, cv in chosen if cv.data_parallel]
-    dp.sort(key=lambda ui: -units[ui].cands[state.choice[ui][0]].every_ms)
+    offset, data_parallel, every_ms, requester_ms = state.problem.flat_cands
+    assert state.chosen.min() >= 0, "every unit is placed during local search"
+    rows = offset + state.chosen
+    dp = np.flatnonzero(data_parallel[rows])
+    dp = dp[np.argsort(-every_ms[rows[dp]], kind="stable")[:max_units]].tolist()
     # (on half-duplex topologies the requester side is folded into every_ms)
-    req = sorted((ui for ui, cv in chosen if not cv.data_parallel),
-                 key=lambda ui: -(sum(units[ui].cands[state.choice[ui][0]].req_vec) + units[ui].cands[state.choice[ui][0]].every_ms))
+    req = np.flatnonzero(~data_parallel[rows])
+    req = req[np.argsort(-requester_ms[rows[req]], kind="stable")[:max_units]].tolist()
     out, seen = [], set()
-    for ui in hot + dp[:max_units] + req[:max_units]:
+    for ui in hot + dp + req:
         if ui not in seen:
             seen.add(ui)
             out.append(ui)
@@ -144,9 +151,13 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
 
 
 def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 8) -> bool:
+    """Re-shard the first of r's target units with a candidate that lowers the smooth maximum
+    (lifting the maximum at most MAX_RISE) or lowers the maximum (a finer column split of a hot
+    table adds requester-side traffic to every rank: with many ranks near the top the smooth
+    maximum rises, yet the objective falls); of those, the one with the lowest smooth maximum."""
     units = state.problem.units
     cmax = costs[r]
-    before = _potential(costs, cmax)
+    before = _potential(np.asarray(costs), cmax)
     ceiling = cmax * (1 + MAX_RISE)
     for ui in _reshard_targets(state, r, max_units):
         old = state.remove(ui)
@@ -157,11 +168,9 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
             pick = place(state, units[ui], cv, by_cost, base)
             if pick is None:
                 continue
-            state.add(ui, ci, pick)
-            new_costs = state.costs()
-            after = _potential(new_costs, cmax)
-            state.remove(ui)
-            if after < before * (1 - 1e-9) and max(new_costs) <= ceiling and (best is None or after < best[0]):
+            new_costs = state.cost_array_with(ui, ci, pick)
+            after, new_max = _potential(new_costs, cmax), float(new_costs.max())
+            if (after < before * (1 - 1e-9) and new_max <= ceiling or new_max < cmax - EPS) and (best is None or after < best[0]):
                 best = (after, ci, pick)
         if best is not None:
             state.add(ui, best[1], best[2])
@@ -171,16 +180,23 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
 
 
 def local_search(state: RankState, deadline: float, max_steps: int = 100_000) -> tuple[RankState, int]:
-    """Improve from `state` (modified) until no step helps or the deadline.
+    """Improve from `state` (modified) until no step helps, PATIENCE steps have not lowered
+    the best maximum seen (re-shards may go round in circles), or the deadline.
 
     Moves and swaps never lift the maximum; a re-shard may, a little, so the best state is
     snapshotted before re-sharding from it. Returns the best state seen and the steps taken.
     """
-    steps = 0
+    steps, best_seen, stalled = 0, float("inf"), 0
     snapshot, snapshot_max = None, float("inf")
     while steps < max_steps and time.perf_counter() < deadline:
         costs = state.costs()
         r = max(range(len(costs)), key=costs.__getitem__)
+        if costs[r] < best_seen - EPS:
+            best_seen, stalled = costs[r], 0
+        elif stalled == PATIENCE:
+            break
+        else:
+            stalled += 1
         by_cost = state.cheapest_first(range(len(costs)), costs)
         if _try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost):
             steps += 1

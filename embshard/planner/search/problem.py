@@ -66,6 +66,11 @@ class CandVec:
         return tuple(sum(v[p] for v in self.shard_vec) for p in range(4))
 
     @cached_property
+    def shard_array(self) -> np.ndarray:
+        """shard_vec as a (shards, 4) array."""
+        return np.asarray(self.shard_vec)
+
+    @cached_property
     def largest_first(self) -> list[int]:
         """Shard indexes, the costliest first (a stable sort)."""
         return sorted(range(len(self.shard_cost)), key=lambda i: -self.shard_cost[i])
@@ -152,6 +157,15 @@ class Problem:
     rank_ordered_rows: bool = False  # row blocks go to their ranks in rank order (TorchRec's layout: torchrec_compatible)
     unsplit_for_time: int = 0  # tables offered no splits because enumeration ran past its deadline
     host_cap_bytes: int = 0  # host memory per rank for shards kept there (topology.ddr_gib)
+
+    @cached_property
+    def flat_cands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every unit's candidates in one row each: (first row of each unit, data-parallel,
+        every-rank ms, requester-side ms summed plus every-rank ms); rows of unit u at offset[u] + c."""
+        cands = [cv for u in self.units for cv in u.cands]
+        offset = np.cumsum([0] + [len(u.cands) for u in self.units[:-1]])
+        return (offset, np.array([cv.data_parallel for cv in cands], dtype=bool), np.array([cv.every_ms for cv in cands]),
+                np.array([sum(cv.req_vec) + cv.every_ms for cv in cands]))
 
     @property
     def free_bytes(self) -> int:
@@ -254,6 +268,7 @@ class RankState:
         self.Hn = np.zeros((W, 4))  # H as an array, for the all-rank costs (kept equal to H)
         self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
         self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
+        self.chosen = np.full(len(problem.units), -1)  # each unit's candidate in choice (-1: not placed)
         # lookup kernels (only tracked when they cost): shards per kernel on each rank, and
         # data-parallel units per kernel every rank runs; K of a rank = len(kernels[r]) + len(every_kernels)
         self.call_ms = problem.call_ms
@@ -276,6 +291,7 @@ class RankState:
         new.E, new.UM = self.E, self.UM
         new.held = [dict(h) for h in self.held]
         new.choice = list(self.choice)
+        new.chosen = self.chosen.copy()
         new.call_ms = self.call_ms
         new.kernels = [dict(k) for k in self.kernels]
         new.every_kernels = dict(self.every_kernels)
@@ -313,11 +329,30 @@ class RankState:
 
     def costs(self) -> list[float]:
         """Every rank's cost(r), computed over all ranks at once (the same float operations)."""
+        return self.cost_array().tolist()
+
+    def cost_array(self) -> np.ndarray:
+        """costs() as an array."""
         h, u = self.Hn, self.U
         c = np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3] + self.E
         if self.call_ms:
             c = c + self.call_ms * (self.num_kernels + len(self.every_kernels))
-        return c.tolist()
+        return c
+
+    def cost_array_with(self, ui: int, ci: int, ranks: tuple[int, ...]) -> np.ndarray:
+        """cost_array() with unit ui (not placed) as candidate ci on `ranks`; the state is left as it was."""
+        cv = self.problem.units[ui].cands[ci]
+        if self.call_ms:  # kernel counts change too: place it and take it back
+            self.add(ui, ci, ranks)
+            c = self.cost_array()
+            self.add(ui, ci, ranks, -1)
+            return c
+        h, u = self.Hn, [a + b for a, b in zip(self.U, cv.req_vec)]
+        if ranks:
+            h = h.copy()
+            h[list(ranks)] += cv.shard_array
+        return (np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3]
+                + (self.E + cv.every_ms))
 
     def cheapest_first(self, ranks: Iterable[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
@@ -341,7 +376,7 @@ class RankState:
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
         if ranks:
-            self.Hn[list(ranks)] += sign * np.asarray(cv.shard_vec)
+            self.Hn[list(ranks)] += sign * cv.shard_array
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
             for p in range(4):
@@ -361,6 +396,7 @@ class RankState:
         _count(self.every_kernels, cv.every_kernels, sign)
         self.UM += sign * cv.every_mem
         self.choice[ui] = (ci, ranks) if sign > 0 else None
+        self.chosen[ui] = ci if sign > 0 else -1
 
     def remove(self, ui: int) -> tuple[int, tuple[int, ...]]:
         choice = self.choice[ui]
