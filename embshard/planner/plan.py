@@ -5,8 +5,11 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 2 (written) stores a data-parallel table once, without shards (its ranks
-are all ranks); 1 listed its full shard on every rank. Both load to the same plan: in
+Schema versions: 3 (written) adds hot-row replication: a table's ``hot_rows`` (its hottest
+rows replicated on every rank, see embshard/runtime/hot_rows.py) and the plan's ``hot_ids_file``
+(the .npz of hottest ids per table that embshard-stats wrote), both absent when unused;
+2 stores a data-parallel table once, without shards (its ranks are all ranks); 1 listed its
+full shard on every rank. Both load to the same plan: in
 memory a data-parallel table's shards are `Replicas`, a sequence of W full shards that
 holds three integers, so a plan grows with the shards that exist, not tables x ranks.
 """
@@ -25,8 +28,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Perf, Shard, ShardingType, St
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import Topology
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class TablePlacement:
     sharding_type: ShardingType
     compute_kernel: str
     shards: Sequence[Shard]
+    hot_rows: int = 0  # hottest rows replicated on every rank (the plan's hot_ids_file names them); the rest as shards say
 
     def __post_init__(self) -> None:
         if self.sharding_type is ShardingType.DATA_PARALLEL:
@@ -108,6 +112,7 @@ class ShardingPlan:
     lower_bound_ms: float
     input_hash: str
     search: Mapping[str, Any] = field(default_factory=dict)
+    hot_ids_file: str = ""  # .npz, one array per table: its ids hottest first (embshard-stats hot_ids=)
 
     @property
     def max_rank_ms(self) -> float:
@@ -155,6 +160,7 @@ class ShardingPlan:
                 for r in self.ranks
             ],
             "search": dict(self.search),
+            **({"hot_ids_file": self.hot_ids_file} if self.hot_ids_file else {}),
         }
 
     def to_json(self) -> str:
@@ -203,7 +209,8 @@ class ShardingPlan:
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed table or rank entry (missing {e}); re-run embshard-plan") from None
-        plan = cls(tables, specs, topology, ranks, float(raw["lower_bound_ms"]), str(raw["input_hash"]), raw.get("search", {}))
+        plan = cls(tables, specs, topology, ranks, float(raw["lower_bound_ms"]), str(raw["input_hash"]), raw.get("search", {}),
+                   str(raw.get("hot_ids_file", "")))
         validate_placements(plan.tables, plan.specs, plan.topology, where)
         return plan
 
@@ -215,6 +222,8 @@ def _table_dict(t: TablePlacement) -> dict[str, Any]:
     out = {"name": t.name, "sharding_type": t.sharding_type.value, "compute_kernel": t.compute_kernel}
     if not isinstance(t.shards, Replicas):  # a data-parallel table is on every rank: no shards listed
         out["shards"] = [{k: getattr(s, k) for k in SHARD_KEYS} for s in t.shards]
+    if t.hot_rows:
+        out["hot_rows"] = t.hot_rows
     return out
 
 
@@ -230,7 +239,7 @@ def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, Tab
         shards: Sequence[Shard] = Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim)
     else:
         shards = tuple(Shard(**{k: int(s[k]) for k in SHARD_KEYS}) for s in t["shards"])
-    return TablePlacement(t["name"], stype, t["compute_kernel"], shards)
+    return TablePlacement(t["name"], stype, t["compute_kernel"], shards, int(t.get("hot_rows", 0)))
 
 
 def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableSpec], topology: Topology, where: str = "plan") -> None:
@@ -245,6 +254,10 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
         spec = by_name[t.name]
         if t.compute_kernel != COMPUTE_KERNEL[t.sharding_type]:
             raise ValueError(f"{w}.compute_kernel: {t.sharding_type.value} uses {COMPUTE_KERNEL[t.sharding_type]!r}, got {t.compute_kernel!r}")
+        if not 0 <= t.hot_rows < spec.num_embeddings or (t.hot_rows and t.sharding_type is ShardingType.DATA_PARALLEL):
+            raise ValueError(f"{w}.hot_rows: {t.hot_rows} hot rows of a {spec.num_embeddings}-row "
+                             f"{t.sharding_type.value} table; give 0 <= hot_rows < num_embeddings, and 0 for data_parallel "
+                             "tables (every row is on every rank already)")
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             if t.shards != Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim):
                 raise ValueError(f"{w}.shards: a data_parallel table lists one full shard on every rank")

@@ -1,6 +1,7 @@
 """ShardingPlan JSON: round trip, versioning, and rejection of damaged files."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_round_trip_is_identical(a_plan, tmp_path):
 
 def test_json_has_the_documented_fields(a_plan):
     raw = json.loads(a_plan.to_json())
-    assert raw["schema_version"] == 2 and raw["input_hash"].startswith("sha256:")
+    assert raw["schema_version"] == 3 and raw["input_hash"].startswith("sha256:")
     kinds = {t["sharding_type"] for t in raw["tables"]}
     assert "data_parallel" in kinds and len(kinds) > 1
     for t in raw["tables"]:
@@ -58,7 +59,7 @@ def test_version_1_file_loads_to_the_same_plan_as_version_2():
     raw_v1 = json.loads(V1_FILE.read_text())
     assert raw_v1["schema_version"] == 1
     v2_text = v1.to_json()
-    assert json.loads(v2_text)["schema_version"] == 2
+    assert json.loads(v2_text)["schema_version"] == 3
     v2 = ShardingPlan.from_json(v2_text)
     assert v2 == v1 and v2.input_hash == v1.input_hash == raw_v1["input_hash"]
     assert v2.max_rank_ms == raw_v1["objective_ms"]
@@ -83,6 +84,29 @@ def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
     assert sizes[512] == sizes[8] < 2000
 
 
+V2_FILE = Path(__file__).parent / "data" / "plan_v2.json"  # written by embshard at a549129 (schema version 2)
+
+
+def test_version_2_file_loads_without_hot_rows_and_writes_version_3():
+    raw_v2 = json.loads(V2_FILE.read_text())
+    assert raw_v2["schema_version"] == 2
+    v2 = ShardingPlan.load(V2_FILE)
+    assert all(t.hot_rows == 0 for t in v2.tables) and v2.hot_ids_file == ""
+    v3 = json.loads(v2.to_json())
+    assert v3["schema_version"] == 3 and "hot_ids_file" not in v3 and all("hot_rows" not in t for t in v3["tables"])
+    assert ShardingPlan.from_json(v2.to_json()) == v2 and v2.input_hash == raw_v2["input_hash"]
+
+
+def test_hot_rows_and_hot_ids_file_round_trip(a_plan):
+    table = next(t for t in a_plan.tables if t.sharding_type.value != "data_parallel")
+    hot = replace(a_plan, tables=tuple(replace(t, hot_rows=7) if t is table else t for t in a_plan.tables),
+                  hot_ids_file="/data/hot_ids.npz")
+    raw = json.loads(hot.to_json())
+    assert raw["hot_ids_file"] == "/data/hot_ids.npz"
+    assert [t.get("hot_rows", 0) for t in raw["tables"]] == [7 if t["name"] == table.name else 0 for t in raw["tables"]]
+    assert ShardingPlan.from_json(hot.to_json()) == hot
+
+
 def _first(kind_is_dp: bool):
     return lambda d: next(t for t in d["tables"] if (t["sharding_type"] == "data_parallel") == kind_is_dp)
 
@@ -94,7 +118,9 @@ def _first(kind_is_dp: bool):
     (lambda d: d["tables"][0].update(sharding_type="diagonal"), "unknown sharding type 'diagonal'"),
     (lambda d: _first(False)(d)["shards"][0].update(num_rows=10**12), "outside the"),
     (lambda d: d["tables"].pop(), "do not match the table specs"),
-    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 2"),
+    (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version 3"),
+    (lambda d: _first(False)(d).update(hot_rows=-1), "hot_rows: -1 hot rows"),
+    (lambda d: _first(True)(d).update(hot_rows=3), "and 0 for data_parallel"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())
