@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
@@ -40,7 +41,7 @@ ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate ge
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
-         torchrec_compatible: bool = False, inference: bool = False) -> ShardingPlan:
+         torchrec_compatible: bool = False, inference: bool = False, hot_ids_file: str = "") -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
@@ -57,12 +58,16 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
+    hot_ids_file (embshard-stats hot_ids=): tables with a measured ``hot_rows`` curve are also offered
+    hot-row replication (embshard/planner/cost/hot_rows.py); the plan records each table's choice
+    (``hot_rows``, 0 where it does not pay) and the file.
     """
     clock = Clock(time_budget_s)
     specs = tuple(specs)
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
-    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s)
+    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s,
+                            hot_rows=bool(hot_ids_file))
     if problem.unsplit_for_time:
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
     check_memory(problem)
@@ -102,7 +107,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
-    result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
+    result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
+                      hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
     clock.lap("report")
@@ -156,10 +162,11 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
 
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
              constraints: Constraints | None = None, *, lower_bound: float | None = None,
-             search: Mapping | None = None, inference: bool = False) -> ShardingPlan:
+             search: Mapping | None = None, inference: bool = False, hot_ids_file: str = "") -> ShardingPlan:
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
     search minimises): per-rank perf by phase, memory, lower bound. PlanInfeasibleError if a
-    rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`)."""
+    rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`).
+    Placements with hot_rows need the hot_ids_file that names their hot ids."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
@@ -171,6 +178,9 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             every_storage = every_storage + data_parallel_storage(spec, topology, inference)
             continue
+        if t.hot_rows:  # the cold part as sharded, the hot rows' replica on every rank
+            spec, hot = hot_split(spec, t.hot_rows)
+            every_storage = every_storage + data_parallel_storage(hot, topology, inference)
         every_storage = every_storage + requester_storage(spec, topology, inference)
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
@@ -179,13 +189,19 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     check_caps(used, topology)
     perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
     ranks = tuple(RankReport(r, perfs[r], used[r]) for r in range(W))
+    hot = [t.name for t in placements if t.hot_rows]
+    if hot and not hot_ids_file:
+        raise ValueError(f"placements: tables {hot} have hot_rows but no hot_ids_file names their hot ids; "
+                         "give the file embshard-stats hot_ids= wrote")
     if lower_bound is None:
-        problem = build_problem(specs, topology, constraints, inference=inference)
+        problem = build_problem(specs, topology, constraints, inference=inference, hot_rows=bool(hot_ids_file))
         check_memory(problem)
         lower_bound = lower_bound_ms(problem)[0]
     return ShardingPlan(
         tables=tuple(placements), specs=specs, topology=topology, ranks=ranks, lower_bound_ms=lower_bound,
-        input_hash=input_hash(specs, topology, repr(constraints)), search=dict(search or {"method": "evaluated"}),
+        input_hash=input_hash(specs, topology, repr(constraints) + (f"; hot_ids_file={hot_ids_file}" if hot_ids_file else "")),
+        search=dict(search or {"method": "evaluated"}),
+        hot_ids_file=hot_ids_file,
     )
 
 
@@ -240,7 +256,8 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
             else:  # block i on ranks[i], as the search scored it (the runtime routes rows by offset)
                 assert not (problem.rank_ordered_rows and cand.sharding_type.splits_rows) or list(ranks) == sorted(ranks)
                 shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols) for r, b in zip(ranks, cand.blocks))
-            out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
+            out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards,
+                                      cand.hot_rows))
     return out
 
 

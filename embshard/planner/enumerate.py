@@ -6,6 +6,10 @@ restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE) are of
 data_parallel and table_wise: splitting them cannot help balance. Host-bound types are offered only on multi-host topologies
 (on one host they equal row_wise/column_wise) unless they are the only allowed type.
 
+Tables with a measured access curve (``TableSpec.hot_rows``) are also offered each sharded
+layout with a hot set replicated (``hot_rows=True``; fractions in cost/hot_rows.py), priced as
+its cold part plus a data-parallel replica of the hot rows.
+
 ``inference`` (serving): candidates cost the forward pass only (input dist, lookup forward,
 output dist forward: `forward_only`) and the bytes of forward-only storage (no optimizer
 state, no gradients; see cost/storage.py).
@@ -13,6 +17,9 @@ state, no gradients; see cost/storage.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from embshard.planner.cost.hot_rows import hot_row_counts, hot_split
 from embshard.planner.cost.perf import data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.splits import col_splits, row_splits
@@ -37,9 +44,17 @@ def forward_only(p: Perf) -> Perf:
 
 
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int,
-              inference: bool = False) -> Candidate | None:
-    """The candidate for one type and shard count, or None if the table cannot be cut so."""
+              inference: bool = False, hot_rows: int = 0) -> Candidate | None:
+    """The candidate for one type and shard count (with ``hot_rows`` replicated), or None if the
+    table cannot be cut so."""
     phases = forward_only if inference else (lambda p: p)
+    if hot_rows:
+        cold, hot = hot_split(spec, hot_rows)
+        c = candidate(cold, topo, stype, num_shards, inference)
+        if c is None:
+            return None
+        return replace(c, every_rank=phases(data_parallel_perf(hot, topo, inference)),
+                       every_rank_storage=c.every_rank_storage + data_parallel_storage(hot, topo, inference), hot_rows=hot_rows)
     if stype is ShardingType.DATA_PARALLEL:
         return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference)),
                          data_parallel_storage(spec, topo, inference))
@@ -66,9 +81,11 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
                          torchrec_compatible: bool = False, inference: bool = False,
-                         max_row_shards: int | None = None) -> list[Candidate]:
+                         max_row_shards: int | None = None, hot_rows: bool = False) -> list[Candidate]:
     """Candidates the constraint allows; with splits=False only data_parallel and table_wise;
-    row_wise into at most max_row_shards blocks (None: up to all allowed ranks).
+    row_wise into at most max_row_shards blocks (None: up to all allowed ranks); hot_rows: each
+    sharded layout also with each hot set of `hot_row_counts` (not with replicated data-parallel
+    look-ups in training: the runtime trains hot replicas by all-reduce only).
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
     ranks and table_row_wise over a whole host.
@@ -104,5 +121,8 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
             whole_host_only = torchrec_compatible and stype is ShardingType.TABLE_ROW_WISE
             specs += [(stype, k) for k in _counts(limit) if not whole_host_only or k == topo.local_world_size]
-    return [c for stype, k in specs if (c := candidate(spec, topo, stype, k, inference)) is not None]
+    hot_counts = hot_row_counts(spec) if hot_rows and not torchrec_compatible and \
+        (inference or not topo.replicated_dp_lookup) else [0]
+    return [c for stype, k in specs for h in (hot_counts if stype is not ShardingType.DATA_PARALLEL else [0])
+            if (c := candidate(spec, topo, stype, k, inference, h)) is not None]
 

@@ -156,6 +156,7 @@ class Candidate:
     requester: Perf
     every_rank: Perf
     every_rank_storage: Storage
+    hot_rows: int = 0  # hottest rows replicated on every rank (their replica is in every_rank*)
 
     @property
     def num_shards(self) -> int:
@@ -169,7 +170,8 @@ class Candidate:
     def label(self) -> str:
         short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
                  "table_row_wise": "TWRW", "table_column_wise": "TWCW"}[self.sharding_type.value]
-        return short if self.num_shards <= 1 else f"{short}{self.num_shards}"
+        label = short if self.num_shards <= 1 else f"{short}{self.num_shards}"
+        return f"{label}+hot{self.hot_rows}" if self.hot_rows else label
 
 
 @dataclass(frozen=True)

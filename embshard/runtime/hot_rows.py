@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -37,6 +36,7 @@ from embshard.runtime.features import Batch
 from embshard.runtime.routing import FeatureInfo
 from embshard.runtime.state import TableShard
 from embshard.specs import TableSpec
+from embshard.stats.hot_ids import read_hot_ids
 
 HOT = "@hot"
 
@@ -44,16 +44,6 @@ HOT = "@hot"
 def hot_tables(specs: Sequence[TableSpec], plan: ShardingPlan) -> dict[str, int]:
     """table -> its planned number of hot rows, for the tables of ``specs`` that have any."""
     return {s.name: plan.placement(s.name).hot_rows for s in specs if plan.placement(s.name).hot_rows}
-
-
-def read_hot_ids(path: str | Path, where: str) -> dict[str, np.ndarray]:
-    """The ids of every table in a hot-ids file (.npz, table -> int64 ids hottest first)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: np.asarray(npz[name], dtype=np.int64) for name in npz.files}
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{where}: cannot read the hot-ids file {str(path)!r} ({e}); write it with "
-                         "embshard-stats hot_ids=PATH and plan with hot_ids=PATH") from None
 
 
 def hot_id_sets(specs: Sequence[TableSpec], plan: ShardingPlan, ranking: Mapping[str, np.ndarray | Tensor] | None,
