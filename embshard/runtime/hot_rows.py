@@ -236,7 +236,8 @@ class HotRows:
         weight = reduced.pop("weight").view(h, D)
         state = {k: v.view_as(parts[k]) for k, v in reduced.items()}
         if "step" in live.optimizer_state:  # adam's update count: the same on every block that has one
-            step = value.optimizer_state["step"].clone() if isinstance(value, TableShard) else torch.zeros((), dtype=torch.int64)
+            step = value.optimizer_state["step"] if isinstance(value, TableShard) else torch.zeros((), dtype=torch.int64)
+            step = step.to(self.device, copy=True)  # (nccl reduces device tensors only)
             dist.all_reduce(step, op=dist.ReduceOp.MAX, group=pg)
-            state["step"] = step
+            state["step"] = step.cpu()
         return weight, state
