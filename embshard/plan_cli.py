@@ -31,14 +31,17 @@ from embshard import plan_sweep, planner
 from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.extras import MissingExtra, require
 from embshard.planner.footprint import PlannerMemoryError
+from embshard.planner.cost.hot_rows import hot_row_counts
 from embshard.planner.report import rank_table, save_chart, summary
 from embshard.comms import CommsPrecision
 from embshard.planner.types import Constraints
 from embshard.specs import tables_from_list
+from embshard.stats.hot_ids import read_hot_ids
 from embshard.tables_option import with_tables_file
 from embshard.topology import Topology
 
-CONFIG_KEYS = ("tables", "tables_file", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps")
+CONFIG_KEYS = ("tables", "tables_file", "topology", "constraints", "planner", "out", "max_report_ranks", "measure", "measure_steps",
+               "hot_ids")
 PLANNER_KEYS = ("time_budget_s", "use_ilp", "ilp_time_s", "torchrec_compatible", "comms")
 PROG = "embshard-plan"
 
@@ -74,6 +77,8 @@ def run(cfg: Mapping[str, Any], tables_option: str, console: Console, sweep_job:
     if out.suffix != ".json":
         raise ValueError(f"out: must be a path ending in .json (the chart goes beside it as .png), got {str(out)!r}")
     chart = out.with_suffix(".png")
+    if cfg.get("hot_ids"):
+        options["hot_ids_file"] = checked_hot_ids(specs, cfg["hot_ids"])
     if sweep_job is not None:
         _sweep_run(specs, topology, constraints, options, out.name, sweep_job, console)
         return
@@ -114,6 +119,20 @@ def _sweep_run(specs, topology: Topology, constraints: Constraints, options: dic
         row = plan_sweep.plan_row(job, overrides, result, time.perf_counter() - t0, out)
     table = plan_sweep.add_row(sweep_dir, row)
     console.print(f"{plan_sweep.summary_line(row)} (table: {table})", markup=False, highlight=False, soft_wrap=True)
+
+
+def checked_hot_ids(specs, path: str) -> str:
+    """The absolute path of a hot-ids file that ranks enough ids of every table with a measured curve."""
+    rankings = read_hot_ids(path, f"hot_ids={path}")
+    for spec in specs:
+        if spec.hot_rows is None:
+            continue
+        need = hot_row_counts(spec)[-1]
+        have = len(rankings.get(spec.name, ()))
+        if have < need:
+            raise ValueError(f"hot_ids={path}: table {spec.name!r} has {have} ranked ids, the planner may replicate "
+                             f"{need}; re-run embshard-stats hot_ids= on these tables (with sketch_rows >= {need})")
+    return str(Path(path).resolve())
 
 
 def planner_options(raw: Any, where: str = "planner") -> dict[str, Any]:

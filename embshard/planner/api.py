@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from embshard.comms import CommsPrecision
+from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
 from embshard.planner.enumerate import forward_only
 from embshard.planner.footprint import check_planner_memory
@@ -43,7 +44,8 @@ ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate ge
 
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
-         torchrec_compatible: bool = False, inference: bool = False, comms: CommsPrecision | None = None) -> ShardingPlan:
+         torchrec_compatible: bool = False, inference: bool = False, comms: CommsPrecision | None = None,
+         hot_ids_file: str = "") -> ShardingPlan:
     """Search a placement minimising the slowest rank's predicted step time under memory caps.
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
@@ -64,6 +66,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
+    hot_ids_file (embshard-stats hot_ids=): tables with a measured ``hot_rows`` curve are also offered
+    hot-row replication (embshard/planner/cost/hot_rows.py); the plan records each table's choice
+    (``hot_rows``, 0 where it does not pay) and the file.
     """
     if comms is not None:
         if topology.comms not in (CommsPrecision(), comms):
@@ -75,7 +80,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     constraints = constraints or Constraints()
     _check_constraint_names(specs, constraints)
     check_planner_memory(len(specs), topology.world_size)
-    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s)
+    problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s,
+                            hot_rows=bool(hot_ids_file))
     if problem.unsplit_for_time:
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
     check_memory(problem)
@@ -115,7 +121,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
-    result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference)
+    result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
+                      hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
     clock.lap("report")
@@ -178,11 +185,12 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
 
 def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement],
              constraints: Constraints | None = None, *, lower_bound: float | None = None,
-             search: Mapping | None = None, inference: bool = False) -> ShardingPlan:
+             search: Mapping | None = None, inference: bool = False, hot_ids_file: str = "") -> ShardingPlan:
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
     search minimises): per-rank perf by phase, memory, lower bound. PlanInfeasibleError if a
     rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`).
-    A data-parallel placement without a mode gets the cheaper one (`cheaper_data_parallel_mode`)."""
+    A data-parallel placement without a mode gets the cheaper one (`cheaper_data_parallel_mode`).
+    Placements with hot_rows need the hot_ids_file that names their hot ids."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
@@ -197,6 +205,9 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             every_storage = every_storage + data_parallel_storage(spec, topology, inference)
             continue
+        if t.hot_rows:  # the cold part as sharded, the hot rows' replica on every rank
+            spec, hot = hot_split(spec, t.hot_rows)
+            every_storage = every_storage + data_parallel_storage(hot, topology, inference)
         every_storage = every_storage + requester_storage(spec, topology, inference)
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,
@@ -205,13 +216,19 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     check_caps(used, topology)
     perfs = [forward_only(p) if inference else p for p in rank_perfs(specs, topology, placements, inference)]
     ranks = tuple(RankReport(r, perfs[r], used[r]) for r in range(W))
+    hot = [t.name for t in placements if t.hot_rows]
+    if hot and not hot_ids_file:
+        raise ValueError(f"placements: tables {hot} have hot_rows but no hot_ids_file names their hot ids; "
+                         "give the file embshard-stats hot_ids= wrote")
     if lower_bound is None:
-        problem = build_problem(specs, topology, constraints, inference=inference)
+        problem = build_problem(specs, topology, constraints, inference=inference, hot_rows=bool(hot_ids_file))
         check_memory(problem)
         lower_bound = lower_bound_ms(problem)[0]
     return ShardingPlan(
         tables=tuple(placements), specs=specs, topology=topology, ranks=ranks, lower_bound_ms=lower_bound,
-        input_hash=input_hash(specs, topology, repr(constraints)), search=dict(search or {"method": "evaluated"}),
+        input_hash=input_hash(specs, topology, repr(constraints) + (f"; hot_ids_file={hot_ids_file}" if hot_ids_file else "")),
+        search=dict(search or {"method": "evaluated"}),
+        hot_ids_file=hot_ids_file,
     )
 
 
@@ -268,7 +285,8 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
                 shards = tuple(Shard(r, b.row_offset, b.num_rows, b.col_offset, b.num_cols, cand.location,
                                      cache_rows(b.num_rows, cand.cache_fraction) if cand.location is Location.UVM_CACHE else 0)
                                for r, b in zip(ranks, cand.blocks))
-            out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards))
+            out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards,
+                                      hot_rows=cand.hot_rows))
     return out
 
 

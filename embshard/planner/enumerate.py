@@ -10,6 +10,10 @@ With ``tiers`` (host memory for tables: ``topology.ddr_gib`` > 0), every sharded
 also offered with its shards in host memory and with an HBM cache of each of
 `tiers.CACHE_FRACTIONS` of their rows (embshard.planner.cost.tiers).
 
+Tables with a measured access curve (``TableSpec.hot_rows``) are also offered each sharded
+layout with a hot set replicated (``hot_rows=True``; fractions in cost/hot_rows.py), priced as
+its cold part plus a data-parallel replica of the hot rows.
+
 ``inference`` (serving): candidates cost the forward pass only (input dist, lookup forward,
 output dist forward: `forward_only`) and the bytes of forward-only storage (no optimizer
 state, no gradients; see cost/storage.py).
@@ -17,6 +21,9 @@ state, no gradients; see cost/storage.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from embshard.planner.cost.hot_rows import hot_row_counts, hot_split
 from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, cache_rows
@@ -42,9 +49,18 @@ def forward_only(p: Perf) -> Perf:
 
 
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int,
-              inference: bool = False, location: Location = Location.HBM, cache_fraction: float = 0.0) -> Candidate | None:
-    """The candidate for one type, shard count and location, or None if the table cannot be cut so."""
+              inference: bool = False, location: Location = Location.HBM, cache_fraction: float = 0.0,
+              hot_rows: int = 0) -> Candidate | None:
+    """The candidate for one type, shard count and location (with ``hot_rows`` replicated), or None if
+    the table cannot be cut so."""
     phases = forward_only if inference else (lambda p: p)
+    if hot_rows:
+        cold, hot = hot_split(spec, hot_rows)
+        c = candidate(cold, topo, stype, num_shards, inference)
+        if c is None:
+            return None
+        return replace(c, every_rank=phases(data_parallel_perf(hot, topo, inference, "allreduce")),
+                       every_rank_storage=c.every_rank_storage + data_parallel_storage(hot, topo, inference), hot_rows=hot_rows)
     if stype is ShardingType.DATA_PARALLEL:
         mode = cheaper_data_parallel_mode(spec, topo, inference)  # what `evaluate` records in the plan
         return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference, mode)),
@@ -75,7 +91,7 @@ def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: b
     """cands, then each sharded one again in host memory and with each cache size of CACHE_FRACTIONS."""
     out = list(cands)
     for c in cands:
-        if c.sharding_type is ShardingType.DATA_PARALLEL:
+        if c.sharding_type is ShardingType.DATA_PARALLEL or c.hot_rows:  # hot replicas are offered in HBM only
             continue
         k = len(c.col_spans) if c.sharding_type.splits_cols else len(c.row_spans)
         out += [candidate(spec, topo, c.sharding_type, k, inference, Location.UVM_CACHE, f) for f in CACHE_FRACTIONS]
@@ -85,10 +101,12 @@ def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: b
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
                          torchrec_compatible: bool = False, inference: bool = False,
-                         max_row_shards: int | None = None, tiers: bool = False) -> list[Candidate]:
+                         max_row_shards: int | None = None, tiers: bool = False, hot_rows: bool = False) -> list[Candidate]:
     """Candidates the constraint allows; with splits=False only data_parallel and table_wise;
     row_wise into at most max_row_shards blocks (None: up to all allowed ranks); with tiers
-    each sharded layout also in host memory and cached (`tiered`).
+    each sharded layout also in host memory and cached (`tiered`); hot_rows: each
+    sharded layout also with each hot set of `hot_row_counts` (not with replicated data-parallel
+    look-ups in training: the runtime trains hot replicas by all-reduce only), in HBM.
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
     ranks and table_row_wise over a whole host.
@@ -124,6 +142,9 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
             limit = in_host_limit if stype is ShardingType.TABLE_ROW_WISE else min(in_host_limit, spec.embedding_dim // 4)
             whole_host_only = torchrec_compatible and stype is ShardingType.TABLE_ROW_WISE
             specs += [(stype, k) for k in _counts(limit) if not whole_host_only or k == topo.local_world_size]
-    cands = [c for stype, k in specs if (c := candidate(spec, topo, stype, k, inference)) is not None]
+    hot_counts = hot_row_counts(spec) if hot_rows and not torchrec_compatible and \
+        (inference or not topo.replicated_dp_lookup) else [0]
+    cands = [c for stype, k in specs for h in (hot_counts if stype is not ShardingType.DATA_PARALLEL else [0])
+             if (c := candidate(spec, topo, stype, k, inference, hot_rows=h)) is not None]
     return tiered(cands, spec, topo, inference) if tiers else cands
 

@@ -5,7 +5,10 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 6 (written) records the wire dtypes in ``topology.comms`` when any is not fp32
+Schema versions: 7 (written) adds hot-row replication: a table's ``hot_rows`` (its hottest
+rows replicated on every rank, see embshard/runtime/hot_rows.py) and the plan's ``hot_ids_file``
+(the .npz of hottest ids per table that embshard-stats wrote), both absent when unused;
+6 records the wire dtypes in ``topology.comms`` when any is not fp32
 (absent: fp32, as in older files); 5 adds each rank's predicted embedding-collective bytes per
 training step (``ranks[i].traffic_bytes``: intra/inter-host, sent/received;
 `embshard.planner.cost.traffic`; derived from the placement, so older files get them too,
@@ -35,8 +38,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, Shardi
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+SCHEMA_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class TablePlacement:
     compute_kernel: str
     shards: Sequence[Shard]
     data_parallel_mode: str | None = None
+    hot_rows: int = 0  # hottest rows replicated on every rank (the plan's hot_ids_file names them); the rest as shards say
 
     def __post_init__(self) -> None:
         if self.sharding_type is ShardingType.DATA_PARALLEL:
@@ -121,6 +125,7 @@ class ShardingPlan:
     lower_bound_ms: float
     input_hash: str
     search: Mapping[str, Any] = field(default_factory=dict)
+    hot_ids_file: str = ""  # .npz, one array per table: its ids hottest first (embshard-stats hot_ids=)
 
     @property
     def max_rank_ms(self) -> float:
@@ -177,6 +182,7 @@ class ShardingPlan:
                 for r in self.ranks
             ],
             "search": dict(self.search),
+            **({"hot_ids_file": self.hot_ids_file} if self.hot_ids_file else {}),
         }
 
     def to_json(self) -> str:
@@ -225,7 +231,8 @@ class ShardingPlan:
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"{where}: malformed table or rank entry (missing {e}); re-run embshard-plan") from None
-        plan = cls(tables, specs, topology, ranks, float(raw["lower_bound_ms"]), str(raw["input_hash"]), raw.get("search", {}))
+        plan = cls(tables, specs, topology, ranks, float(raw["lower_bound_ms"]), str(raw["input_hash"]), raw.get("search", {}),
+                   str(raw.get("hot_ids_file", "")))
         validate_placements(plan.tables, plan.specs, plan.topology, where)
         return plan
 
@@ -239,6 +246,8 @@ def _table_dict(t: TablePlacement) -> dict[str, Any]:
         out["shards"] = [_shard_dict(s) for s in t.shards]
     if t.data_parallel_mode is not None:
         out["data_parallel_mode"] = t.data_parallel_mode
+    if t.hot_rows:
+        out["hot_rows"] = t.hot_rows
     return out
 
 
@@ -274,7 +283,7 @@ def _table_from_dict(t: Mapping[str, Any], version: int, specs: Mapping[str, Tab
     mode = t.get("data_parallel_mode") if version >= 4 else None
     if mode is None and stype is ShardingType.DATA_PARALLEL:
         mode = topology.data_parallel_mode  # how plans without a mode ran
-    return TablePlacement(t["name"], stype, t["compute_kernel"], shards, mode)
+    return TablePlacement(t["name"], stype, t["compute_kernel"], shards, mode, int(t.get("hot_rows", 0)))
 
 
 def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableSpec], topology: Topology, where: str = "plan") -> None:
@@ -289,6 +298,10 @@ def validate_placements(tables: Sequence[TablePlacement], specs: Sequence[TableS
         spec = by_name[t.name]
         if t.compute_kernel != COMPUTE_KERNEL[t.sharding_type]:
             raise ValueError(f"{w}.compute_kernel: {t.sharding_type.value} uses {COMPUTE_KERNEL[t.sharding_type]!r}, got {t.compute_kernel!r}")
+        if not 0 <= t.hot_rows < spec.num_embeddings or (t.hot_rows and t.sharding_type is ShardingType.DATA_PARALLEL):
+            raise ValueError(f"{w}.hot_rows: {t.hot_rows} hot rows of a {spec.num_embeddings}-row "
+                             f"{t.sharding_type.value} table; give 0 <= hot_rows < num_embeddings, and 0 for data_parallel "
+                             "tables (every row is on every rank already)")
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             if t.shards != Replicas(topology.world_size, spec.num_embeddings, spec.embedding_dim):
                 raise ValueError(f"{w}.shards: a data_parallel table lists one full shard on every rank")

@@ -185,6 +185,7 @@ class Candidate:
     every_rank_storage: Storage
     location: Location = Location.HBM
     cache_fraction: float = 0.0
+    hot_rows: int = 0  # hottest rows replicated on every rank (their replica is in every_rank*)
 
     @property
     def num_shards(self) -> int:
@@ -199,6 +200,8 @@ class Candidate:
         short = {"data_parallel": "DP", "table_wise": "TW", "row_wise": "RW", "column_wise": "CW",
                  "table_row_wise": "TWRW", "table_column_wise": "TWCW"}[self.sharding_type.value]
         base = short if self.num_shards <= 1 else f"{short}{self.num_shards}"
+        if self.hot_rows:
+            base = f"{base}+hot{self.hot_rows}"
         if self.location is Location.UVM_CACHE:
             return f"{base}@cache{self.cache_fraction:.0%}"
         return f"{base}@host" if self.location is Location.HOST else base

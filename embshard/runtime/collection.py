@@ -30,6 +30,10 @@ output dist run around FBGEMM's inference kernel (`embshard.runtime.quantized.Qu
 one per weight dtype (fp32, fp16, row-wise int8: each table's spec dtype); the blocks start
 empty and load with `load_quantized`. Data-parallel replicas look up only this rank's own
 samples (no gradient to agree on: nothing travels). Such a collection has no training state.
+
+Hot rows: a table whose placement has ``hot_rows`` runs as the table plus a data-parallel
+replica of its hottest rows, trained in "allreduce" mode (see hot_rows.py); ``hot_ids``
+gives the rankings (table -> ids hottest first), by default read from the plan's hot_ids_file.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from embshard.runtime.comm import gather_header, local_part
 from embshard.planner.types import ShardingType
 from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
+from embshard.runtime.hot_rows import HOT, HotRows, SplitBatch, hot_id_sets, hot_ids_digest, inner_plan
 from embshard.runtime.input_dist import Distributed, InputDist, Received
 from embshard.runtime.lookup import FbgemmKernel, TorchKernel, fbgemm_optimizers, init_block
 from embshard.runtime.optim import OptimizerConfig
@@ -87,15 +92,16 @@ def note_tiers_on_cpu(plan: ShardingPlan, device: torch.device) -> bool:
 class _ShardedCollection(nn.Module):
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
                  pooling: Mapping[str, str], weighted: bool, optimizer: OptimizerConfig | None,
-                 device: torch.device | None, seed: int, data_parallel_mode: str | None) -> None:
+                 device: torch.device | None, seed: int, data_parallel_mode: str | None,
+                 hot_ids: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.pg, self.pooled, self.weighted, self.optimizer_config = pg, pooled, weighted, optimizer
         self.inference = optimizer is None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.where = type(self).__name__
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.specs = tuple(tables)
-        error, modes = None, {}
+        self.specs = self.table_specs = tuple(tables)  # specs: what runs (hot replicas too); table_specs: the caller's
+        error, modes, hot_sets = None, {}, {}
         try:
             check_plan(self.specs, plan, self.world_size, pooled, self.where, self.inference)
             bad = {n: m for n, m in pooling.items() if m not in POOLING_MODES or n not in {s.name for s in self.specs}}
@@ -105,14 +111,23 @@ class _ShardedCollection(nn.Module):
                 raise ValueError(f"{self.where}: data_parallel_mode {data_parallel_mode!r}: give one of {DATA_PARALLEL_MODES}")
             modes = {s.name: data_parallel_mode or plan.placement(s.name).data_parallel_mode or plan.topology.data_parallel_mode
                      for s in self.specs if plan.placement(s.name).sharding_type is ShardingType.DATA_PARALLEL}
+            hot_sets = hot_id_sets(self.specs, plan, hot_ids, self.where)
+            if hot_sets and data_parallel_mode == "replicated_lookup" and not self.inference:
+                raise ValueError(f"{self.where}: tables {sorted(hot_sets)} replicate hot rows, which train in "
+                                 f"data_parallel_mode 'allreduce' (as the planner priced them), not {data_parallel_mode!r}")
+            modes.update({name + HOT: "allreduce" for name in hot_sets})  # hot replicas train by all-reduce
         except ValueError as e:
             error = str(e)
-        fingerprint = _fingerprint(self.specs, plan, modes) if error is None else 0
+        fingerprint = _fingerprint(self.specs, plan, modes, hot_ids_digest(hot_sets)) if error is None else 0
         header = gather_header([fingerprint], error, pg, self.device)
         if len(set(header[:, 0].tolist())) != 1:
             raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
                              f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
         note_tiers_on_cpu(plan, self.device)
+        self.hot = HotRows(self.specs, hot_sets, pooled, pooling, self.device) if hot_sets else None
+        if self.hot is not None:
+            self.specs, plan = inner_plan(self.specs, plan, hot_sets)
+            pooling = self.hot.inner_pooling
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device), self.inference, modes)
         replicas = self.routing.replicas
@@ -169,22 +184,24 @@ class _ShardedCollection(nn.Module):
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else nullcontext()
 
-    def _prepare(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> tuple[Batch, tuple[int, ...]]:
-        """Validate the local batch, then agree with every rank on batch sizes (or raise everywhere)."""
-        batch, error = check_batch(features, self.routing, self.weighted, self.where)
+    def _prepare(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> tuple[Batch, tuple[int, ...], SplitBatch | None]:
+        """Validate the local batch, then agree with every rank on batch sizes (or raise everywhere);
+        with hot rows, the batch the inner tables see (hot ids moved to their replicas) and the split."""
+        batch, error = check_batch(features, self.hot or self.routing, self.weighted, self.where)
         header = gather_header([batch.batch_size if batch else 0], error, pg, self.device)
         assert batch is not None
-        return batch, tuple(header[:, 0].tolist())
+        split = self.hot.split(batch) if self.hot is not None else None
+        return (split.inner if split else batch), tuple(header[:, 0].tolist()), split
 
     def distribute(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup | None = None) -> Distributed:
         """Validate, agree on batch sizes, then ship ids to shards and to every replica (per replica group), over
         ``pg`` (by default the collection's). A pipeline (pipeline.py) runs it for the next batch on a group and
         thread of its own, then `stage`s the result."""
         pg = pg or self.pg
-        batch, batch_sizes = self._prepare(features, pg)
+        batch, batch_sizes, split = self._prepare(features, pg)
         received = self.input_dist(batch, batch_sizes, pg) if self.sharded else None
         replicated = [g.dist.local(batch) if g.local else g.dist(batch, batch_sizes, pg) for g in self.replica_groups]
-        return Distributed(batch, batch_sizes, received, replicated)
+        return Distributed(batch, batch_sizes, received, replicated, split)
 
     def stage(self, features: KeyedJaggedTensor, distributed: Distributed) -> None:
         """The next forward, which must be of this very ``features`` object, uses ``distributed`` as its input dist."""
@@ -192,7 +209,7 @@ class _ShardedCollection(nn.Module):
 
     def _distribute_and_look_up(self, features: KeyedJaggedTensor):
         """Input dist (unless staged) and rank-local lookups: (batch, batch sizes, received, replicated (per replica
-        group), outputs of the sharded kernels, outputs of the replica kernels (per replica group))."""
+        group), outputs of the sharded kernels, outputs of the replica kernels (per replica group), hot split or None)."""
         staged, self._staged = self._staged, None
         assert staged is None or staged[0] is features, f"{self.where}: forward of another batch than the one staged"
         if staged is not None:
@@ -204,7 +221,7 @@ class _ShardedCollection(nn.Module):
         with self._phase("lookup"):
             outs = self._look_up(self.kernels, received)
             replica_outs = [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, replicated)]
-        return batch, batch_sizes, received, replicated, outs, replica_outs
+        return batch, batch_sizes, received, replicated, outs, replica_outs, d.split
 
     def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]], batch_sizes: tuple[int, ...]) -> Tensor | None:
         """This rank's rows of the data-parallel features, replica groups side by side (pooled: [B, width],
@@ -268,13 +285,24 @@ class _ShardedCollection(nn.Module):
     def state_dict(self, *args: Any, destination: dict | None = None, prefix: str = "", keep_vars: bool = False) -> dict:
         """table name -> `TableShard` (a copy of this rank's block, its place, its optimizer state)."""
         out = destination if destination is not None else OrderedDict()
-        out.update((prefix + name, shard) for name, shard in self._shards(copy=True).items())
+        shards = self._shards(copy=True)
+        if self.hot is not None:  # each table once: the replicas' rows go into its shards
+            shards = self.hot.merge_shards(shards)
+        out.update((prefix + name, shard) for name, shard in shards.items())
         return out
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs) -> None:
         """Accepts a `TableShard` of the same block (weights and optimizer state) or a full table tensor (weights)."""
         with torch.no_grad():
             for table, live in self._shards(copy=False).items():
+                if table.endswith(HOT):  # every rank, in the same order: a collective
+                    outer = table[:-len(HOT)]
+                    found = {outer: state_dict[prefix + outer]} if prefix + outer in state_dict else {}
+                    weight, state = self.hot.replica_from_shards(outer, found, live, self.pg)
+                    live.weight.copy_(weight)
+                    for name, tensor in state.items():
+                        live.optimizer_state[name].copy_(tensor)
+                    continue
                 key = prefix + table
                 if key not in state_dict:
                     missing_keys.append(key)
@@ -284,16 +312,19 @@ class _ShardedCollection(nn.Module):
                 if isinstance(value, TableShard):
                     for name, tensor in live.optimizer_state.items():
                         tensor.copy_(value.optimizer_state[name])
-        known = {prefix + s.name for s in self.specs}
+        known = {prefix + s.name for s in self.table_specs}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):] and k not in known)
 
     def load_tables(self, tables: Mapping[str, Tensor]) -> None:
         """Copy this rank's blocks out of full (unsharded) tables; optimizer state is left as is."""
-        missing = sorted({s.name for s in self.specs} - set(tables))
+        missing = sorted({s.name for s in self.table_specs} - set(tables))
         if missing:
             raise ValueError(f"{self.where}.load_tables: no weights for table(s) {missing}")
         with torch.no_grad():
             for table, live in self._shards(copy=False).items():
+                if table.endswith(HOT):
+                    live.weight.copy_(self.hot.replica_from_shards(table[:-len(HOT)], tables, live, self.pg)[0])
+                    continue
                 live.weight.copy_(block_of(tables[table].to(self.device), live, f"{self.where}.load_tables[{table!r}]"))
 
 
@@ -311,18 +342,21 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
                  pooling: Mapping[str, str] | None = None, weighted: bool = False,
                  optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
-                 seed: int = 0, data_parallel_mode: str | None = None) -> None:
+                 seed: int = 0, data_parallel_mode: str | None = None, hot_ids: Mapping[str, Any] | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
-                         device=device, seed=seed, data_parallel_mode=data_parallel_mode)
+                         device=device, seed=seed, data_parallel_mode=data_parallel_mode, hot_ids=hot_ids)
         self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms, plan.topology.local_world_size)
-        self._keys = list(self.routing.feature_names)
-        self._dims = [f.dim for f in self.routing.features]
+        features = self.hot.features if self.hot is not None else self.routing.features
+        self._keys = [f.name for f in features]
+        self._dims = [f.dim for f in features]
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
+        batch, batch_sizes, received, replicated, outs, replica_outs, split = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             replica_rows = self._replica_rows(replicated, replica_outs, batch_sizes)
             values = self.output_dist(outs, replica_rows, batch, batch_sizes)
+            if split is not None:
+                values = self.hot.join_pooled(values, split)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
 
@@ -331,16 +365,17 @@ class ShardedEmbeddingCollection(_ShardedCollection):
 
     def __init__(self, tables: Sequence[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *,
                  optimizer: OptimizerConfig | None = OptimizerConfig(), device: torch.device | None = None,
-                 seed: int = 0, data_parallel_mode: str | None = None) -> None:
+                 seed: int = 0, data_parallel_mode: str | None = None, hot_ids: Mapping[str, Any] | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=False, pooling={}, weighted=False, optimizer=optimizer,
-                         device=device, seed=seed, data_parallel_mode=data_parallel_mode)
+                         device=device, seed=seed, data_parallel_mode=data_parallel_mode, hot_ids=hot_ids)
         self.output_dist = SequenceOutputDist(self.routing, pg, self.device, self.comms)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        batch, batch_sizes, received, replicated, outs, replica_outs = self._distribute_and_look_up(features)
+        batch, batch_sizes, received, replicated, outs, replica_outs, split = self._distribute_and_look_up(features)
         with self._phase("output_dist"):
             flat = self.output_dist(outs, received, batch) if received else None
-            return self._per_feature(flat, self._replica_rows(replicated, replica_outs, batch_sizes), batch)
+            out = self._per_feature(flat, self._replica_rows(replicated, replica_outs, batch_sizes), batch)
+            return self.hot.join_sequence(out, split) if split is not None else out
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
         """Cut the flat outputs (sharded features, then replicated ones) into one JaggedTensor per feature."""
@@ -370,8 +405,8 @@ class _ReplicaGroup:
     dense: DenseReplicas | None  # trained with an all-reduce
 
 
-def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, modes: Mapping[str, str]) -> int:
-    """63-bit hash of the tables, their placements, data-parallel modes and wire dtypes: ranks compare it before
-    the first step."""
-    text = repr([sorted(modes.items()), plan.topology.comms, *((s, plan.placement(s.name)) for s in specs)])
+def _fingerprint(specs: Sequence[TableSpec], plan: ShardingPlan, modes: Mapping[str, str], hot_digest: str) -> int:
+    """63-bit hash of the tables, their placements, data-parallel modes, wire dtypes and hot sets: ranks compare
+    it before the first step."""
+    text = repr([sorted(modes.items()), plan.topology.comms, hot_digest, *((s, plan.placement(s.name)) for s in specs)])
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1

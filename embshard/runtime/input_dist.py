@@ -15,6 +15,7 @@ samples up in its replica, so the kernels get this rank's ids alone and nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,7 @@ class Distributed:
     batch_sizes: tuple[int, ...]  # every rank's
     received: Received | None  # None: no sharded table
     replicated: list[Received]  # per replica group (one per data-parallel mode); [] without data-parallel tables
+    split: Any = None  # with hot-row replication: how to join the outputs back (runtime/hot_rows.SplitBatch)
 
 
 def _cumsum0(x: Tensor) -> Tensor:

@@ -6,7 +6,8 @@
 A Hydra app over embshard/configs/stats.yaml (groups tables/, data/ as embshard-train composes them).
 It reads the first ``num_samples`` training samples with a progress bar, prints a summary per
 table and writes ``out``: the tables file with each table's measured ``pooling_factor`` and
-``hot_rows`` (and the file's ``topology:`` block, if it had one). Bad input ends with exit
+``hot_rows`` (and the file's ``topology:`` block, if it had one); with ``hot_ids=PATH.npz`` also each
+table's hottest ids, hottest first (what embshard-plan hot_ids=PATH may replicate). Bad input ends with exit
 status 2 and one line on stderr, ``embshard-stats: error: ...``.
 """
 
@@ -30,10 +31,11 @@ from embshard.cli import CONFIG_DIR, fail, run_hydra_app
 from embshard.data.config import register_data_schemas
 from embshard.schema import value_of
 from embshard.specs import TableSpec, tables_from_list
+from embshard.stats.hot_ids import write_hot_ids
 from embshard.stats.measure import TableStats, measure, measured_spec
 
 PROG = "embshard-stats"
-CONFIG_KEYS = ("tables", "topology", "data", "num_samples", "batch_size", "exact_max_rows", "sketch_rows", "fractions", "out")
+CONFIG_KEYS = ("tables", "topology", "data", "num_samples", "batch_size", "exact_max_rows", "sketch_rows", "fractions", "out", "hot_ids")
 
 register_data_schemas()  # the typed schemas of the data/ options (embshard/configs/data/*.yaml start from /schema/data/NAME)
 
@@ -53,6 +55,9 @@ def run(cfg: DictConfig, tables_option: str, data_option: str, console: Console)
     out = Path(raw["out"])
     if out.suffix not in (".yaml", ".yml"):
         raise ValueError(f"out: must be a .yaml path (DIR/tables/NAME.yaml, then embshard-plan --config-dir DIR tables=NAME), got {str(out)!r}")
+    hot_ids = Path(raw["hot_ids"]) if raw.get("hot_ids") else None
+    if hot_ids is not None and hot_ids.suffix != ".npz":
+        raise ValueError(f"hot_ids: must be a .npz path (then embshard-plan hot_ids=PATH), got {str(hot_ids)!r}")
 
     console.print(f"measuring {len(specs)} tables over {options['num_samples']:,} samples of data={data_option}",
                   markup=False, highlight=False)
@@ -72,6 +77,13 @@ def run(cfg: DictConfig, tables_option: str, data_option: str, console: Console)
         out.write_text(tables_file_text(measured, raw.get("topology"), f"data={data_option}, {samples:,} samples, tables={tables_option}"))
     except OSError as e:
         raise ValueError(f"out={out}: cannot write the tables file ({e.strerror or e}); choose a writable path") from None
+    if hot_ids is not None:
+        try:
+            hot_ids.parent.mkdir(parents=True, exist_ok=True)
+            write_hot_ids(hot_ids, {name: s.hottest_ids for name, s in stats.items()})
+        except OSError as e:
+            raise ValueError(f"hot_ids={hot_ids}: cannot write the hot-ids file ({e.strerror or e}); choose a writable path") from None
+        console.print(f"wrote {hot_ids} (then: embshard-plan ... hot_ids={hot_ids})", markup=False, highlight=False)
     hint = f"embshard-plan --config-dir {out.parent.parent} tables={out.stem}" if out.parent.name == "tables" else \
         f"move it to DIR/tables/ and run embshard-plan --config-dir DIR tables={out.stem}"
     console.print(f"wrote {out} (then: {hint})", markup=False, highlight=False)

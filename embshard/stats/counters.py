@@ -4,6 +4,7 @@
     counter.add(ids)                                  # any number of times
     counter.curve((0.001, 0.01, 0.1, 0.5))            # fraction of lookups to the hottest rows
     counter.distinct_rows()                           # rows seen at least once
+    counter.hottest(k)                                # ids of the k hottest rows, hottest first
 
 Memory depends on the table's rows and the options, never on the number of lookups: ids are
 buffered up to a fixed size and then folded into the counts.
@@ -99,6 +100,11 @@ class ExactCounter:
         self._flush()
         return float(np.count_nonzero(self.counts))
 
+    def hottest(self, k: int) -> np.ndarray:
+        """The ids of the k most looked-up rows, hottest first (ties: lower id first; rows never seen last)."""
+        self._flush()
+        return np.argsort(-self.counts, kind="stable")[:k].astype(np.int64)
+
     def curve(self, fractions: Sequence[float]) -> tuple[float, ...]:
         self._flush()
         hottest_first = np.sort(self.counts)[::-1]
@@ -156,6 +162,12 @@ class SketchCounter:
         head[in_sample] = self.sample_counts[where]
         tail = self.sample_counts[~np.isin(self.sample_keys, keys, assume_unique=True)]
         return keys, head, tail
+
+    def hottest(self, k: int) -> np.ndarray:
+        """Up to k ids of the heavy hitters, hottest first (the sketch knows at most sketch_rows of them)."""
+        keys, head, _ = self._head_and_tail()
+        order = np.lexsort((keys, -head))  # by count, ties by id
+        return keys[order][:k].astype(np.int64)
 
     def distinct_rows(self) -> float:
         keys, _, tail = self._head_and_tail()

@@ -23,6 +23,7 @@ from embshard.data.criteo_npy import NpySource
 from embshard.data.criteo_tsv import TsvStream
 from embshard.data.samples import FeatureLayout, Samples
 from embshard.data.synthetic import SyntheticSource
+from embshard.planner.cost.hot_rows import HOT_FRACTIONS as HOT_ROW_FRACTIONS
 from embshard.specs import TableSpec
 from embshard.stats.counters import new_counter
 
@@ -42,6 +43,8 @@ class TableStats:
     distinct_rows: float  # rows looked up at least once (estimated where sketched)
     hot_rows: tuple[tuple[float, float], ...]  # (fraction of rows, fraction of lookups), hottest rows first
     method: str  # "exact", or "sketch (D=...)" (embshard.stats.counters)
+    # ids of the hottest rows, hottest first: as many as the planner may replicate (embshard-stats hot_ids=)
+    hottest_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64), compare=False, repr=False)
 
 
 class TableAccumulator:
@@ -64,7 +67,13 @@ class TableAccumulator:
         curve = self.counter.curve(fractions)
         return TableStats(self.spec.name, self.spec.num_embeddings, self.spec.num_features, num_samples, self.ids,
                           mean, math.sqrt(variance), self.empty / self.bags if self.bags else 0.0,
-                          self.counter.distinct_rows(), tuple(zip(map(float, fractions), curve)), self.counter.method)
+                          self.counter.distinct_rows(), tuple(zip(map(float, fractions), curve)), self.counter.method,
+                          self.counter.hottest(max_hot_rows(self.spec.num_embeddings)))
+
+
+def max_hot_rows(num_rows: int) -> int:
+    """The most hot rows the planner offers to replicate for a table of num_rows (embshard.planner.cost.hot_rows)."""
+    return max(1, round(max(HOT_ROW_FRACTIONS) * num_rows))
 
 
 def sample_batches(specs: Sequence[TableSpec], data: DataConfig, num_samples: int, batch_size: int) -> Iterator[Samples]:

@@ -1,6 +1,7 @@
 """ShardingPlan JSON: round trip, versioning, and rejection of damaged files."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,29 @@ def test_data_parallel_tables_do_not_grow_the_file_with_ranks():
     assert sizes[512] == sizes[8] < 2600
 
 
+V2_HOT_FILE = Path(__file__).parent / "data" / "plan_v2_hot.json"  # written by embshard at a549129 (schema version 2)
+
+
+def test_version_2_file_loads_without_hot_rows():
+    raw_v2 = json.loads(V2_HOT_FILE.read_text())
+    assert raw_v2["schema_version"] == 2
+    v2 = ShardingPlan.load(V2_HOT_FILE)
+    assert all(t.hot_rows == 0 for t in v2.tables) and v2.hot_ids_file == ""
+    v3 = json.loads(v2.to_json())
+    assert v3["schema_version"] == SCHEMA_VERSION and "hot_ids_file" not in v3 and all("hot_rows" not in t for t in v3["tables"])
+    assert ShardingPlan.from_json(v2.to_json()) == v2 and v2.input_hash == raw_v2["input_hash"]
+
+
+def test_hot_rows_and_hot_ids_file_round_trip(a_plan):
+    table = next(t for t in a_plan.tables if t.sharding_type.value != "data_parallel")
+    hot = replace(a_plan, tables=tuple(replace(t, hot_rows=7) if t is table else t for t in a_plan.tables),
+                  hot_ids_file="/data/hot_ids.npz")
+    raw = json.loads(hot.to_json())
+    assert raw["hot_ids_file"] == "/data/hot_ids.npz"
+    assert [t.get("hot_rows", 0) for t in raw["tables"]] == [7 if t["name"] == table.name else 0 for t in raw["tables"]]
+    assert ShardingPlan.from_json(hot.to_json()) == hot
+
+
 def _first(kind_is_dp: bool):
     return lambda d: next(t for t in d["tables"] if (t["sharding_type"] == "data_parallel") == kind_is_dp)
 
@@ -156,6 +180,8 @@ def _first(kind_is_dp: bool):
     (lambda d: _first(True)(d).update(shards=[]), "lists no shards in schema version"),
     (lambda d: _first(True)(d).update(data_parallel_mode="sometimes"), "data_parallel_mode: 'sometimes'"),
     (lambda d: _first(False)(d).update(data_parallel_mode="allreduce"), "only data_parallel tables have one"),
+    (lambda d: _first(False)(d).update(hot_rows=-1), "hot_rows: -1 hot rows"),
+    (lambda d: _first(True)(d).update(hot_rows=3), "and 0 for data_parallel"),
 ])
 def test_damaged_plan_is_rejected(a_plan, damage, message):
     raw = json.loads(a_plan.to_json())

@@ -21,7 +21,8 @@ from embshard.plan_cli import run as plan_run
 from embshard.planner.plan import ShardingPlan, input_hash
 from embshard.specs import TableSpec, load_tables_file
 from embshard.stats.counters import ExactCounter, SketchCounter
-from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator, measure
+from embshard.stats.hot_ids import read_hot_ids
+from embshard.stats.measure import HOT_FRACTIONS, TableAccumulator, max_hot_rows, measure
 from embshard.topology import Topology
 from embshard.train import config as train_config
 
@@ -166,6 +167,18 @@ def test_specs_without_hot_rows_hash_and_serialise_as_before() -> None:
     assert input_hash([measured], topology, "c") != before
 
 
+def test_hottest_ids_are_the_most_counted_rows(streams) -> None:
+    ids = streams[(1.1, 10_000)]
+    exact, sketch = ExactCounter(10_000), SketchCounter(10_000, 1_000)
+    for counter in (exact, sketch):
+        for start in range(0, len(ids), 100_000):
+            counter.add(ids[start:start + 100_000])
+    counts = np.bincount(ids, minlength=10_000)
+    top = exact.hottest(50)
+    assert list(counts[top]) == sorted(counts, reverse=True)[:50] and len(set(top.tolist())) == 50
+    assert set(sketch.hottest(20).tolist()) == set(top[:20].tolist())  # the heavy hitters are known exactly enough
+
+
 def test_plan_json_carries_hot_rows(tmp_path) -> None:
     from embshard import planner
 
@@ -182,7 +195,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
     out = tmp_path / "measured" / "tables" / "criteo_measured.yaml"
     done = run_cli("tables=criteo_small", "data=synthetic", "data.id_skew=1.1", "num_samples=3000", "batch_size=1024",
-                   "exact_max_rows=50000", "sketch_rows=5000", f"out={out}", cwd=tmp_path)
+                   "exact_max_rows=50000", "sketch_rows=5000", f"out={out}", f"hot_ids={tmp_path / 'hot_ids.npz'}",
+                   cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "access statistics per table" in done.stdout and "samples/s" in done.stdout
     specs, topology = load_tables_file(out)
@@ -203,6 +217,20 @@ def test_cli_writes_a_tables_file_that_plans_and_trains(tmp_path) -> None:
     plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=io.StringIO()))
     plan = ShardingPlan.load(tmp_path / "plan.json")
     assert {s.name: s.hot_rows for s in plan.specs} == {s.name: s.hot_rows for s in specs}
+    # hot ids: every table's hottest ids, as many as the planner may replicate (5%); the plan names the file
+    # (a sketched table ranks only its heavy hitters: too few for the planner's 5%, which embshard-plan refuses)
+    rankings = read_hot_ids(tmp_path / "hot_ids.npz", "test")
+    exact = [s for s in specs if s.num_embeddings <= 50_000]
+    assert {s.name: len(rankings[s.name]) for s in exact} == {s.name: max_hot_rows(s.num_embeddings) for s in exact}
+    assert all(len(set(r.tolist())) == len(r) for r in rankings.values())
+    assert 0 < len(rankings[big.name]) < max_hot_rows(big.num_embeddings)
+    plan_cfg.hot_ids = str(tmp_path / "hot_ids.npz")
+    with pytest.raises(ValueError, match=r"table 'cat_\d+' has \d+ ranked ids, the planner may replicate 5000"):
+        plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=io.StringIO()))
+    rankings.update({s.name: np.arange(max_hot_rows(s.num_embeddings)) for s in specs if s.num_embeddings > 50_000})
+    np.savez(tmp_path / "hot_ids.npz", **rankings)
+    plan_run(OmegaConf.to_container(plan_cfg, resolve=True), "criteo_measured", Console(file=io.StringIO()))
+    assert ShardingPlan.load(tmp_path / "plan.json").hot_ids_file == str((tmp_path / "hot_ids.npz").resolve())
     settings = train_config.settings_from_config(train_cfg)
     assert {s.name: s.hot_rows for s in settings.specs} == {s.name: s.hot_rows for s in specs}
 

@@ -7,7 +7,8 @@ JOB ``two`` (2 ranks): train STEPS + MORE_STEPS steps under LAYOUT_2, a checkpoi
 then saves that fail on one rank (its shard file, its rank file, rank 0's folder swap), each
 followed by a load of the last good checkpoint; then resumes from a copy whose rank_1.json is
 corrupt (through the trainer without checksums, through the load with them). JOB ``three``
-(3 ranks): resume the STEPS checkpoint under each 3-rank layout and train MORE_STEPS steps.
+(3 ranks): resume the STEPS checkpoint under each 3-rank layout and train MORE_STEPS steps, and
+under "exact"'s layout with hot rows replicated (a plan file).
 Each rank writes what it saw to OUT/JOB_rankR.json.
 """
 
@@ -21,11 +22,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Callable
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from torch.distributed.checkpoint import FileSystemWriter  # noqa: E402
 
@@ -44,6 +47,9 @@ LAYOUT_2 = {"t0": ("row_wise", None), "t1": ("table_wise", [1]), "t2": ("column_
 LAYOUT_3 = {"exact": {"t0": ("table_wise", [2]), "t1": ("row_wise", None), "t2": ("table_wise", [0]),
                       "t3": ("column_wise", [1, 2]), "t4": ("data_parallel", None), "t5": ("row_wise", None)}}
 LAYOUT_3["merged"] = {**LAYOUT_3["exact"], "t3": ("table_wise", [1])}
+# hot rows on "exact"'s layout (t4 is data-parallel: all its rows are on every rank; t3's column blocks keep one
+# rowwise_adagrad accumulator each, its hot replica one per row: that would train differently, as "merged" does)
+HOT_TABLES = ("t0", "t1", "t5")
 
 
 def constraints(layout: dict[str, tuple[str, list[int] | None]]) -> list[str]:
@@ -128,11 +134,24 @@ def job_two(config_dir: Path, out: Path) -> dict[str, Any]:
 
 def job_three(config_dir: Path, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    resume = f"checkpoint.resume_from={out / 'two' / 'checkpoints' / f'step_{STEPS:06d}'}"
     for name, layout in LAYOUT_3.items():
-        t = make_trainer(config_dir, out / f"three_{name}", 3, layout, f"steps={STEPS + MORE_STEPS}",
-                         f"checkpoint.resume_from={out / 'two' / 'checkpoints' / f'step_{STEPS:06d}'}")
+        t = make_trainer(config_dir, out / f"three_{name}", 3, layout, f"steps={STEPS + MORE_STEPS}", resume)
         t.train()
         result[name] = {"placements": placements(t), "resumed_at": t.start_step}
+        if name == "exact":  # the same layout with hot rows (HOT_TABLES' fifth replicated): a plan file
+            hot_plan = out / "three_hot_plan.json"
+            if CTX.is_main:
+                np.savez(out / "hot_ids.npz", **{s.name: np.random.default_rng(5).permutation(s.num_embeddings)
+                                                 for s in t.plan.specs})
+                tables = tuple(replace(p, hot_rows=t.plan.spec(p.name).num_embeddings // 5 if p.name in HOT_TABLES else 0)
+                               for p in t.plan.tables)
+                replace(t.plan, tables=tables, hot_ids_file=str(out / "hot_ids.npz")).save(hot_plan)
+            distributed.barrier(CTX)
+            hot = make_trainer(config_dir, out / "three_hot", 3, layout, f"steps={STEPS + MORE_STEPS}", resume,
+                               f"plan_file={hot_plan}")
+            hot.train()
+            result["hot"] = {"hot_rows": {p.name: p.hot_rows for p in hot.plan.tables}, "resumed_at": hot.start_step}
     return result
 
 

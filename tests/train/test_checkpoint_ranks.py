@@ -1,6 +1,7 @@
 """Checkpoints on real gloo ranks (ckpt_worker.py): a save failing on one rank fails every rank at once
 and leaves the last checkpoint loadable; a corrupt rank file stops every rank before anything claims a
-resume; a 2-rank checkpoint resharded to 3 ranks under another plan trains on as the 2 ranks do.
+resume; a 2-rank checkpoint resharded to 3 ranks under another plan (also one with hot rows replicated) trains
+on as the 2 ranks do.
 
 Two groups, one after the other (about 40 s of CPU, 60-100 s on a loaded 2-core machine): 2 ranks train 10 + 20 steps (checkpoint at 10) and try
 the failing saves and the corrupt resumes; then 3 ranks resume step 10 under two plans and train the
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_worker import LAYOUT_2, LAYOUT_3, MORE_STEPS, STEPS
+from ckpt_worker import HOT_TABLES, LAYOUT_2, LAYOUT_3, MORE_STEPS, STEPS
 from embshard.ports import free_port
 from embshard.procs import wait_all
 from embshard.train.checkpoint import read_tables
@@ -114,6 +115,10 @@ def test_reshard_to_three_ranks_trains_on_like_two(groups) -> None:
                                                                                / step).items()}
             for name in LAYOUT_3}
     assert max(diff["exact"].values()) < 1e-5, diff["exact"]
+    # Hot rows: the checkpoint loads into a hot/cold split, trains on exactly, and saves each table once
+    assert three["hot"]["resumed_at"] == STEPS and all(three["hot"]["hot_rows"][t] > 0 for t in HOT_TABLES)
+    hot = read_tables(out / "three_hot" / "checkpoints" / step)
+    assert set(hot) == set(want) and max(float((v - want[k]).abs().max()) for k, v in hot.items()) < 1e-5
     # The merged accumulator is the column-weighted mean of the two (README: Checkpoints), so t3 takes other
     # step sizes and the rest follow through the model: measured 0.057 on t3 and at most 0.041 elsewhere.
     assert 1e-3 < diff["merged"]["t3"] < 0.1, diff["merged"]

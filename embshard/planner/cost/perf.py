@@ -63,6 +63,7 @@ from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.comms import WIRE_BYTES  # noqa: F401
+from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
 from embshard.planner.types import Location, Perf, ShardingType
@@ -270,6 +271,12 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     ), topo)
 
 
+def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
+    """Bytes each rank all-reduces per step for a table's hot replica (cost/hot_rows.py): what the runtime's
+    flat buffer holds, fp32 gradient rows and one count per row (priced as the gradient: `data_parallel_perf`)."""
+    return num_hot_rows * (spec.embedding_dim + 1) * GRAD_BYTES
+
+
 def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
     """Calibrated fixed cost of one collective: collective_ms per step and peer rank, and
     inter_host_collective_ms more per step and peer rank on another host."""
@@ -312,8 +319,9 @@ def kernel_calls_per_rank(specs: Sequence[TableSpec], placements: Sequence, worl
     every, held = set(), [set() for _ in range(world_size)]
     for t in placements:
         spec = by_name[t.name]
+        if t.sharding_type is ShardingType.DATA_PARALLEL or getattr(t, "hot_rows", 0):  # hot rows: a replica kernel too
+            every.add(kernel_group(spec, ShardingType.DATA_PARALLEL, spec.embedding_dim))
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every.add(kernel_group(spec, t.sharding_type, spec.embedding_dim))
             continue
         for s in t.shards:
             held[s.rank].add(kernel_group(spec, t.sharding_type, s.num_cols))
@@ -373,6 +381,9 @@ def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             every = every + data_parallel_perf(spec, topo, inference, t.data_parallel_mode)
             continue
+        if getattr(t, "hot_rows", 0):  # the cold part as sharded, the hot rows' replica on every rank
+            spec, hot = hot_split(spec, t.hot_rows)
+            every = every + data_parallel_perf(hot, topo, inference, "allreduce")  # hot replicas train by all-reduce
         k = len(t.shards)
         requester = requester + requester_perf(spec, topo, t.sharding_type, k)
         for s in t.shards:

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from embshard.comms import WIRE_BYTES
+from embshard.planner.cost.hot_rows import hot_split
 
 from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
@@ -147,6 +148,9 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
             else:
                 allreduce_elems[spec.pooled] += spec.num_embeddings * (spec.embedding_dim + 1)  # gradients, id counts
             continue
+        if getattr(t, "hot_rows", 0):  # the cold lookups travel; the hot replica joins the all-reduce (cost/hot_rows.py)
+            spec, hot = hot_split(spec, t.hot_rows)
+            allreduce_elems[spec.pooled] += hot.num_embeddings * (hot.embedding_dim + 1)
         _sharded(spec, topo, t.sharding_type, t.shards, links)
     out = links.per_rank()
     for elems in allreduce_elems.values():

@@ -122,9 +122,10 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
     st = cands[0].sharding_type
     shard_kernels, every_kernels = (), ()
     if kernel_index is not None:
-        if st is ShardingType.DATA_PARALLEL:
-            every_kernels = tuple(sorted({kernel_index(kernel_group(s, st, s.embedding_dim)) for s in specs}))
-        else:
+        if st is ShardingType.DATA_PARALLEL or cands[0].hot_rows:  # hot rows: a replica kernel on every rank
+            dp = ShardingType.DATA_PARALLEL
+            every_kernels = tuple(sorted({kernel_index(kernel_group(s, dp, s.embedding_dim)) for s in specs}))
+        if st is not ShardingType.DATA_PARALLEL:
             blocks = [c.blocks for c in cands]
             shard_kernels = tuple(tuple(sorted({kernel_index(kernel_group(s, st, b[i].num_cols)) for s, b in zip(specs, blocks)}))
                                   for i in range(len(per_shard)))
@@ -204,8 +205,9 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
-                  inference: bool = False, deadline: float = float("inf")) -> Problem:
-    """inference: forward-only costs and storage (serving; see embshard.planner.enumerate).
+                  inference: bool = False, deadline: float = float("inf"), hot_rows: bool = False) -> Problem:
+    """inference: forward-only costs and storage (serving; see embshard.planner.enumerate); hot_rows:
+    offer hot-row replication to tables with a measured access curve.
 
     Past `deadline`, tables still to enumerate are offered splits only if too big to keep
     whole (``Problem.unsplit_for_time`` counts the others)."""
@@ -235,7 +237,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
                 splits, unsplit_for_time = False, unsplit_for_time + 1
             cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
                 tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
-                row_limit.get(tables[0].name), tables[0].name in tierable))
+                row_limit.get(tables[0].name), tables[0].name in tierable, hot_rows))
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
