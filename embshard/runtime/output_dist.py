@@ -55,11 +55,10 @@ def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tupl
     """Sequence kernels' flat outputs, each [source][slot], interleaved into one [source][kernel][slot]."""
     if len(kernel_outputs) == 1:
         return kernel_outputs[0]
-    starts = [[0] * len(kernel_outputs)]
-    for counts in floats_per_source_kernel:
-        starts.append([a + c for a, c in zip(starts[-1], counts)])
-    return torch.cat([out[starts[src][k]:starts[src + 1][k]]
-                      for src in range(len(floats_per_source_kernel)) for k, out in enumerate(kernel_outputs)])
+    # split (not slices): its backward is one concatenation per kernel, not a zero-filled copy of the
+    # kernel's whole output per (source, kernel) piece
+    pieces = [out.split([counts[k] for counts in floats_per_source_kernel]) for k, out in enumerate(kernel_outputs)]
+    return torch.cat([pieces[k][src] for src in range(len(floats_per_source_kernel)) for k in range(len(kernel_outputs))])
 
 
 class PooledOutputDist:
