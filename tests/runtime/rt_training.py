@@ -21,6 +21,7 @@ from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import COMPUTE_KERNEL, Shard, ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.state import assemble
+from embshard.runtime.wire import TORCH_DTYPES
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 from rt_reference import ReferenceOptimizer, full_tables, global_batch, kjt, reference_ebc, reference_ec
@@ -169,6 +170,10 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
     feats = features_of(specs)
     errors = {"err_forward": 0.0}
     gen = torch.Generator().manual_seed(seed + 1)
+    # The output gradients (the loss's targets) as the wire carries them: summed per row, rounded targets
+    # that nearly cancel may cancel exactly (or not), and adagrad / adam's first step, lr g / |g|, is not
+    # within u of the fp32 one then (a row of w4-wire-fp16-fp16-mixed-sequence: fp32 sum 6.6e-6, fp16 0).
+    wire_grad = TORCH_DTYPES[plan.topology.comms.backward]
     for step, batches in enumerate(make_batches(specs, W, weighted, seed, empty_ranks)):
         if step == 3:  # the learning rate can change between steps
             sharded.set_learning_rate(LR / 2)
@@ -179,7 +184,7 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
         for r in range(W):
             targets = _targets(specs, batches[r], pooled, gen)
             ref_slice = _rank_slice(ref_out, batches, r, feats, pooled)
-            ref_loss = ref_loss + _loss(ref_slice, targets, pooled) / W
+            ref_loss = ref_loss + _loss(ref_slice, _on_wire(targets, wire_grad), pooled) / W
             if r == rank:
                 errors["err_forward"] = max(errors["err_forward"], _max_diff(out, ref_slice, pooled))
                 loss = _loss(out, targets, pooled)
@@ -224,10 +229,13 @@ def wire_tolerances(forward: str, backward: str) -> dict[str, float]:
 
     Forward: every wire value (a pooled sum, a row-wise partial sum, a row) is rounded once, |error| <= u |value|;
     a bag sums at most 4 ids of |x| < 1.5 (tables 0.3 x randn, per-id weights < 1.5), and a row-wise bag arrives as
-    at most 2 rounded partial sums here: < 4 x 1.5 x 2 u. Backward: every gradient element is rounded once (relative
-    u; the loss is linear, so forward rounding does not reach the gradients), |g| < 4 (randn targets): a step moves
-    a weight by at most lr |g| u (sgd) or about 2 lr u (adagrad/adam, normalised), 5 steps at lr = 0.05: < 5 x 0.05 x 4
-    x 2 u = 2 u; adagrad's sum of squared gradients errs by 2u g^2 per step: < 5 x 16 x 2 u = 160 u.
+    at most 2 rounded partial sums here: < 4 x 1.5 x 2 u. Backward: the reference trains on the targets rounded to the
+    wire dtype (`train`: a row's gradient sums them, and a sum of rounded terms that cancel has no relative bound, which
+    the normalised optimizers' first step, lr g / |g|, would show); what is left is rounded once more at most (relative
+    u: mean pooling's scale, the data-parallel all-reduce; the loss is linear, so forward rounding does not reach the
+    gradients), |g| < 4 (randn targets): a step moves a weight by at most lr |g| u (sgd) or about 2 lr u (adagrad/adam,
+    normalised), 5 steps at lr = 0.05: < 5 x 0.05 x 4 x 2 u = 2 u; adagrad's sum of squared gradients errs by 2u g^2
+    per step: < 5 x 16 x 2 u = 160 u.
     """
     uf, ub = UNIT_ROUNDOFF[forward], UNIT_ROUNDOFF[backward]
     return {"tolerance_err_forward": 12 * uf, "tolerance_err_weights": 2 * ub, "tolerance_err_optimizer_state": 160 * ub}
@@ -293,6 +301,13 @@ def _targets(specs, batch, pooled: bool, gen: torch.Generator):
         B = len(next(iter(batch.values()))[0])
         return torch.randn(B, sum(s.embedding_dim * s.num_features for s in specs), generator=gen)
     return {f: torch.randn(len(batch[f][1]), s.embedding_dim, generator=gen) for s in specs for f in s.feature_names}
+
+
+def _on_wire(targets, dtype: torch.dtype):
+    """Targets rounded to the wire dtype of the output gradients (the identity for fp32)."""
+    if isinstance(targets, Tensor):
+        return targets.to(dtype).float()
+    return {f: t.to(dtype).float() for f, t in targets.items()}
 
 
 def _rank_slice(ref_out, batches, r: int, feats: list[str], pooled: bool):
