@@ -20,7 +20,8 @@ from embshard.runtime.lookup import FbgemmKernel, fbgemm_locations
 from embshard.runtime.optim import OptimizerConfig
 from embshard.runtime.routing import KernelSpec, Slot
 from embshard.serving.export import ExportSettings, export
-from embshard.train import config, distributed
+from embshard.launch import distributed
+from embshard.train import config
 from embshard.train.trainer import Trainer
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice, EmbeddingLocation
 from train_tables import CONFIGS, FAST_PLANNER, MODEL
