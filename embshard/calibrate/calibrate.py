@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -224,7 +224,7 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         f"# inter_host_gb_per_s is not measured on one host (the {data.get('device', 'cpu')} default; run under torchrun on "
         "several hosts to fit it). See embshard/planner/cost/perf.py.",
     ]
-    values = topology.to_dict()
+    values = asdict(topology)  # every field (to_dict leaves out unused ones)
     for key in ("world_size", "local_world_size", "hbm_gib", "batch_size_per_rank", "device", "reserved_fraction"):
         lines.append(f"{key}: {values[key]}")
     for key in BANDWIDTHS:

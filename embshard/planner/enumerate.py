@@ -62,8 +62,8 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
         return replace(c, every_rank=phases(data_parallel_perf(hot, topo, inference, "allreduce")),
                        every_rank_storage=c.every_rank_storage + data_parallel_storage(hot, topo, inference), hot_rows=hot_rows)
     if stype is ShardingType.DATA_PARALLEL:
-        mode = cheaper_data_parallel_mode(spec, topo, inference)  # what `evaluate` records in the plan
-        return Candidate(spec.name, stype, (), (), (), Perf(), phases(data_parallel_perf(spec, topo, inference, mode)),
+        mode, perf = cheaper_data_parallel_mode(spec, topo, inference, with_perf=True)  # what `evaluate` records in the plan
+        return Candidate(spec.name, stype, (), (), (), Perf(), phases(perf),
                          data_parallel_storage(spec, topo, inference))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:

@@ -1,7 +1,9 @@
 """Planner search: exact placements on tiny topologies, memory caps, constraints, bounds."""
 
-import gc
 import random
+import json
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -258,25 +260,31 @@ def test_row_wise_partial_sums_are_reduced_inside_a_host_first():
 
 
 def test_time_budget_is_honoured_on_a_large_input():
-    """3,000 tables on 512 ranks take about 10 s of CPU to search in full; with 2 s the whole
+    """3,000 tables on 512 ranks take about 10 s of CPU to search in full; with 3 s the whole
     plan() ends within the budget and its margin (CPU time: the machine may be loaded), and the
-    search block says what it skipped."""
-    specs = generate_tables(3000, seed=1, sequence_fraction=0.1)
-    topo = Topology(world_size=512, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
-    gc.collect()
-    gc.freeze()  # the suite's own heap (hundreds of tests in this process) is not plan()'s to collect
-    try:
-        cpu0 = time.process_time()
-        p = plan(specs, topo, time_budget_s=2.0)
-        cpu_s = time.process_time() - cpu0
-    finally:
-        gc.unfreeze()
-    assert p.search["margin_s"] == pytest.approx(0.7)
-    assert cpu_s <= 2.0 + p.search["margin_s"], (cpu_s, p.search["stages_s"])
-    assert p.search["skipped"] and all("out of time" in s for s in p.search["skipped"])
-    assert set(p.search["stages_s"]) >= {"enumerate", "bound", "greedy", "report"}
-    assert len(p.tables) == 3000 and p.lower_bound_ms <= p.max_rank_ms
-    assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
+    search block says what it skipped. Measured in a process of its own, as a user's plan() runs
+    (inside the suite, hundreds of earlier tests' objects slow every allocation)."""
+    code = (
+        "import json, sys, time\n"
+        "from embshard.planner import plan\n"
+        "from embshard.topology import Topology\n"
+        "from embshard.workloads import generate_tables\n"
+        "specs = generate_tables(3000, seed=1, sequence_fraction=0.1)\n"
+        "topo = Topology(world_size=512, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device='cuda')\n"
+        "cpu0 = time.process_time()\n"
+        "p = plan(specs, topo, time_budget_s=3.0)\n"
+        "cpu_s = time.process_time() - cpu0\n"
+        "print(json.dumps({'cpu_s': cpu_s, 'search': p.search, 'tables': len(p.tables), 'bound_ok': p.lower_bound_ms <= p.max_rank_ms,\n"
+        "                  'memory_ok': all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)}))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    search, cpu_s = out["search"], out["cpu_s"]
+    assert search["margin_s"] == pytest.approx(0.8)
+    assert cpu_s <= 3.0 + search["margin_s"], (cpu_s, search["stages_s"])
+    assert search["skipped"] and all("out of time" in s for s in search["skipped"])
+    assert set(search["stages_s"]) >= {"enumerate", "bound", "greedy", "report"}
+    assert out["tables"] == 3000 and out["bound_ok"] and out["memory_ok"]
 
 
 def test_row_splits_stop_at_blocks_too_small_to_balance():

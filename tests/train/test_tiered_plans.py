@@ -107,7 +107,8 @@ def _weights(t: Trainer) -> dict[str, torch.Tensor]:
 
 
 def test_a_tiered_plan_trains_resumes_with_other_tiers_and_exports(config_dir, tmp_path):
-    hbm = _run(config_dir, tmp_path / "hbm", "steps=4", "checkpoint.every_steps=2")
+    hbm = _run(config_dir, tmp_path / "hbm", "steps=4", "checkpoint.every_steps=2",  # two tables sharded, to tier them
+               "+constraints.tables.t0.sharding_types=[table_wise]", "+constraints.tables.t4.sharding_types=[table_wise]")
     plan = ShardingPlan.load(tmp_path / "hbm" / "plan.json")
     sharded = [t.name for t in plan.tables if t.sharding_type.value != "data_parallel"]
     assert len(sharded) >= 2

@@ -236,12 +236,13 @@ def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False,
     return allreduce_perf(spec, topo, inference)
 
 
-def cheaper_data_parallel_mode(spec: TableSpec, topo: Topology, inference: bool = False) -> str:
-    """The data-parallel mode of lower predicted step time for this table (ties: "allreduce").
-    Serving looks replicas up locally in either mode: "allreduce" there."""
-    if inference:
-        return DATA_PARALLEL_MODES[0]
-    return min(DATA_PARALLEL_MODES, key=lambda m: data_parallel_perf(spec, topo, False, m).total_ms)
+def cheaper_data_parallel_mode(spec: TableSpec, topo: Topology, inference: bool = False, with_perf: bool = False):
+    """The data-parallel mode of lower predicted step time for this table (ties: "allreduce");
+    with ``with_perf``, (mode, its Perf). Serving looks replicas up locally in either mode: "allreduce" there."""
+    modes = DATA_PARALLEL_MODES[:1] if inference else DATA_PARALLEL_MODES
+    perfs = [data_parallel_perf(spec, topo, inference, m) for m in modes]
+    best = min(range(len(modes)), key=lambda i: perfs[i].total_ms)
+    return (modes[best], perfs[best]) if with_perf else modes[best]
 
 
 def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
