@@ -57,7 +57,7 @@ from local_ranks import init_rank, run_ranks
 ST = ShardingType
 RANKS_PER_HOST, BATCH_SIZE, LR = 2, 2048, 0.01
 WARMUP, STEPS, NUM_BATCHES = 2, 16, 4
-DATE = "2026-11-30"
+DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
 COMMAND = ".venv/bin/python benchmarks/runtime_vs_torchrec.py"
 CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
 

@@ -47,7 +47,7 @@ from embshard.machine import cpu_model
 
 RANKS_PER_HOST, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
-DATE = "2026-11-30"
+DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
 COMMAND = ".venv/bin/python benchmarks/train_throughput.py"
 CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
 ROOT = Path(__file__).resolve().parents[1]
