@@ -67,7 +67,8 @@ class PooledOutputDist:
         self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
         local_world_size = local_world_size or routing.world_size  # None: one host
-        groups = reduced_groups(routing, local_world_size)
+        # on one host nothing crosses hosts: summing in the host first would add an all-to-all and save no bytes
+        groups = reduced_groups(routing, local_world_size) if local_world_size < routing.world_size else ()
         # row-wise partial sums reduced in each host first (host_reduce.py); else every slot travels as is
         self.host_reduction = HostReduction(routing, groups, local_world_size, pg, device) if groups else None
         source_slots = [self.host_reduction.blocks_from(r) if self.host_reduction else routing.slots_by_rank[r]

@@ -192,9 +192,10 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_ms = []
     for direction in ("forward", "backward"):
         sent = out_rows * num_cols * wire_bytes(topo, direction)
-        if stype.splits_rows and spec.pooled:
+        if stype.splits_rows and spec.pooled and topo.num_hosts > 1:
             # partial sums are first reduced among the row shards that share a host (in fp32),
-            # then each sends its 1/k_h of the host's sums to the sample owners (on the wire)
+            # then each sends its 1/k_h of the host's sums to the sample owners (on the wire);
+            # on one host every row shard sends its own partial sums (runtime/output_dist.py)
             per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
             out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo))
         else:
@@ -218,8 +219,11 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     copies = num_shards if stype.splits_cols else 1  # column shards each need every id
     length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
-    # pooled row-wise: one reduced copy from every host holding row shards (row_wise spreads them over the hosts)
-    out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE and spec.pooled else 1
+    # pooled row-wise: one reduced copy from every host holding row shards (row_wise spreads them over the
+    # hosts; table_row_wise keeps them in one); on one host, one copy from every row shard
+    out_copies = 1
+    if stype.splits_rows and spec.pooled:
+        out_copies = num_shards if topo.num_hosts == 1 else min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE else 1
     out_elements = out_copies * (B * F if spec.pooled else ids) * D
     assemble_ms = _assemble_ms(spec, topo, out_elements * OUTPUT_BYTES, ids)
     fwd_ms, bwd_ms = (spread_comm_ms(out_elements * wire_bytes(topo, d), topo) + assemble_ms for d in ("forward", "backward"))

@@ -161,7 +161,7 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
 
 def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Sequence, links: _Links) -> None:
     B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
-    row_sums = spec.pooled and stype.splits_rows
+    row_sums = spec.pooled and stype.splits_rows and topo.num_hosts > 1  # reduced in each host (one host: flat)
     for s in shards:
         ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
         links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
