@@ -32,10 +32,7 @@ class ShardingType(str, Enum):
 
     @classmethod
     def parse(cls, value: Any, where: str) -> "ShardingType":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"{where}: unknown sharding type {value!r}; choose from {[t.value for t in cls]}") from None
+        return _parse(cls, value, where, "sharding type")
 
 
 class Location(str, Enum):
@@ -49,10 +46,15 @@ class Location(str, Enum):
 
     @classmethod
     def parse(cls, value: Any, where: str) -> "Location":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"{where}: unknown location {value!r}; choose from {[t.value for t in cls]}") from None
+        return _parse(cls, value, where, "location")
+
+
+def _parse(cls: type[Enum], value: Any, where: str, what: str) -> Any:
+    """The member of ``cls`` named by ``value``, or a ValueError naming ``where`` and the choices."""
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{where}: unknown {what} {value!r}; choose from {[t.value for t in cls]}") from None
 
 
 # FBGEMM's table-batched kernel with the optimizer fused into backward; data-parallel
