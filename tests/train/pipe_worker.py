@@ -46,8 +46,10 @@ def train(config_dir: Path, out: Path, world: int, pipeline: bool) -> dict:
     plain_dist, plain_eval = InputDist.__call__, Trainer._evaluate
 
     def recorded(self, *args, **kwargs):
-        if not evaluating.is_set():
-            threads.append(threading.current_thread().name)
+        # the side thread only distributes training batches, and may do so while the main thread evaluates
+        name = threading.current_thread().name
+        if name.startswith("embshard-input-dist") or not evaluating.is_set():
+            threads.append(name)
         return plain_dist(self, *args, **kwargs)
 
     def evaluate(self) -> None:
