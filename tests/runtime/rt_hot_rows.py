@@ -20,13 +20,11 @@ from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.runtime import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.hot_rows import HOT, hot_id_sets
-from embshard.runtime.state import assemble
 from embshard.serving.quantize import quantize
 from rt_inference import DTYPES, quantized_blocks
 from rt_reference import global_batch, kjt
-from rt_training import (LR, MEAN_TABLES, MIXED_POOLED, MIXED_SEQUENCE, POOLED, SEQUENCE, _loss, _max_diff, _rank_slice,
-                         _targets, features_of, make_batches, make_collection, make_plan, make_reference, ref_weights,
-                         topology, train)
+from rt_training import (MEAN_TABLES, MIXED_POOLED, MIXED_SEQUENCE, POOLED, SEQUENCE, _max_diff, _rank_slice, features_of,
+                         make_batches, make_plan, make_reference, roundtrip_errors, topology, train)
 
 ST = ShardingType
 
@@ -54,34 +52,7 @@ def run_hot_checkpoint(plan: ShardingPlan, other_split: ShardingPlan, other_plan
     """Train with hot rows; the shards reassemble the reference's tables; they load into another split of
     the same shards (blocks and optimizer state) and into another plan (full tables), and step on as the
     reference does."""
-    rank, W = dist.get_rank(pg), dist.get_world_size(pg)
-    sharded, ref, ref_opt, errors = train(POOLED, plan, pg, pooled=True, seed=41)
-    shards = sharded.state_dict()
-    gathered: list = [None] * W
-    dist.all_gather_object(gathered, list(shards.values()), group=pg)
-    weights = ref_weights(ref, POOLED)
-    full = {s.name: assemble([x for part in gathered for x in part if x.table == s.name]) for s in POOLED}
-    errors["err_assembled"] = max(float((full[n] - weights[n]).abs().max()) for n in full)
-    batches = make_batches(POOLED, W, False, seed=42)[0]
-    feats = features_of(POOLED)
-    expected = _rank_slice(ref(kjt(global_batch(batches), feats, False)), batches, rank, feats, True)
-    resharded = make_collection(POOLED, other_plan, pg, pooled=True)
-    resharded.load_state_dict(full)
-    errors["err_resharded_forward"] = _max_diff(resharded(kjt(batches[rank], feats, False)), expected, True)
-    restored = make_collection(POOLED, other_split, pg, pooled=True)
-    restored.load_state_dict(shards)
-    restored.set_learning_rate(LR / 2)  # as train() left it
-    errors["err_restored_forward"] = _max_diff(restored(kjt(batches[rank], feats, False)), expected, True)
-    gen = torch.Generator().manual_seed(43)
-    target = _targets(POOLED, batches[rank], True, gen)
-    for module in (sharded, restored):
-        _loss(module(kjt(batches[rank], feats, False)), target, True).backward()
-    after, again = sharded.state_dict(), restored.state_dict()
-    errors["err_restored_step"] = max(
-        max(float((after[n].weight - again[n].weight).abs().max()) for n in after),
-        max((float((after[n].optimizer_state[k].float() - again[n].optimizer_state[k].float()).abs().max())
-             for n in after for k in after[n].optimizer_state), default=0.0))
-    return errors
+    return roundtrip_errors(plan, other_plan, other_split, pg, seed=41)
 
 
 def run_hot_serving(specs, plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool, weighted: bool = False) -> dict[str, float]:

@@ -267,32 +267,41 @@ def run_mixed_modes(specs: list[TableSpec], plan: ShardingPlan, pg: dist.Process
 def run_state_roundtrip(plan: ShardingPlan, other_plan: ShardingPlan, pg: dist.ProcessGroup) -> dict[str, float]:
     """Train, then: reassemble tables from every rank's shards; load them into another plan;
     restore shards + optimizer state into the same plan and take one more step on both."""
+    return roundtrip_errors(plan, other_plan, plan, pg, seed=11)
+
+
+def roundtrip_errors(plan: ShardingPlan, other_plan: ShardingPlan, restore_plan: ShardingPlan, pg: dist.ProcessGroup,
+                     seed: int) -> dict[str, float]:
+    """POOLED trained under ``plan`` (seeds seed..seed+2), then: its tables reassembled from every rank's shards
+    (against the reference); loaded whole into ``other_plan`` (forward against the reference); its shards and
+    optimizer state restored into ``restore_plan``, forward and one more step beside the trained one."""
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
-    sharded, ref, ref_opt, errors = train(POOLED, plan, pg, pooled=True, seed=11)
+    sharded, ref, ref_opt, errors = train(POOLED, plan, pg, pooled=True, seed=seed)
+    shards = sharded.state_dict()
     gathered: list = [None] * W
-    dist.all_gather_object(gathered, list(sharded.state_dict().values()), group=pg)
+    dist.all_gather_object(gathered, list(shards.values()), group=pg)
     weights = ref_weights(ref, POOLED)
-    full = {}
-    for spec in POOLED:
-        full[spec.name] = assemble([s for shards in gathered for s in shards if s.table == spec.name])
-        errors["err_assembled"] = max(errors.get("err_assembled", 0.0), float((full[spec.name] - weights[spec.name]).abs().max()))
-    batches = make_batches(POOLED, W, False, seed=12)[0]
+    full = {s.name: assemble([x for part in gathered for x in part if x.table == s.name]) for s in POOLED}
+    errors["err_assembled"] = max(float((full[n] - weights[n]).abs().max()) for n in full)
+    batches = make_batches(POOLED, W, False, seed=seed + 1)[0]
     feats = features_of(POOLED)
     expected = _rank_slice(ref(kjt(global_batch(batches), feats, False)), batches, rank, feats, True)
     resharded = make_collection(POOLED, other_plan, pg, pooled=True)
     resharded.load_state_dict(full)
     errors["err_resharded_forward"] = _max_diff(resharded(kjt(batches[rank], feats, False)), expected, True)
-    restored = make_collection(POOLED, plan, pg, pooled=True)
-    restored.load_state_dict(sharded.state_dict())
+    restored = make_collection(POOLED, restore_plan, pg, pooled=True)
+    restored.load_state_dict(shards)
     restored.set_learning_rate(LR / 2)  # as train() left it: the learning rate is a setting, not state
-    gen = torch.Generator().manual_seed(13)
+    errors["err_restored_forward"] = _max_diff(restored(kjt(batches[rank], feats, False)), expected, True)
+    gen = torch.Generator().manual_seed(seed + 2)
     target = _targets(POOLED, batches[rank], True, gen)
     for module in (sharded, restored):
         _loss(module(kjt(batches[rank], feats, False)), target, True).backward()
+    after, again = sharded.state_dict(), restored.state_dict()
     errors["err_restored_step"] = max(
-        max(float((a.weight - b.weight).abs().max()) for a, b in zip(sharded.state_dict().values(), restored.state_dict().values())),
-        max((float((a.optimizer_state[k].float() - b.optimizer_state[k].float()).abs().max())
-             for a, b in zip(sharded.state_dict().values(), restored.state_dict().values()) for k in a.optimizer_state), default=0.0))
+        max(float((after[n].weight - again[n].weight).abs().max()) for n in after),
+        max((float((after[n].optimizer_state[k].float() - again[n].optimizer_state[k].float()).abs().max())
+             for n in after for k in after[n].optimizer_state), default=0.0))
     return errors
 
 
