@@ -15,7 +15,6 @@ samples up in its replica, so the kernels get this rank's ids alone and nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,7 @@ from torch import Tensor
 
 from embshard.runtime.comm import all_to_all
 from embshard.runtime.features import Batch, Regrouper, SendBuffers, SlotCutter
+from embshard.runtime.hot_rows import SplitBatch
 from embshard.runtime.routing import Routing
 
 
@@ -49,7 +49,7 @@ class Distributed:
     batch_sizes: tuple[int, ...]  # every rank's
     received: Received | None  # None: no sharded table
     replicated: list[Received]  # per replica group (one per data-parallel mode); [] without data-parallel tables
-    split: Any = None  # with hot-row replication: how to join the outputs back (runtime/hot_rows.SplitBatch)
+    split: SplitBatch | None = None  # with hot-row replication: how to join the outputs back
 
 
 def _cumsum0(x: Tensor) -> Tensor:
