@@ -62,10 +62,10 @@ LR = 0.01
 RANKS_PER_HOST = 2
 LINK_GBIT = 2.0  # EmulatedHosts' default link rate (run_ranks), each way
 FULL = dict(batch_size=1024, rows=(200_000, 100_000, 300_000, 50_000), pooling=(20, 10, 25, 15), dim=64,
-            warmup=2, steps=12, num_batches=4, budget_s=(35, 55))  # timed-loop budget per workload: 1 host, 2 hosts
+            warmup=2, steps=12, num_batches=4, budget_s=(30, 45))  # timed-loop budget per workload: 1 host, 2 hosts
 TINY = dict(batch_size=32, rows=(2_000, 1_000), pooling=(8, 4), dim=16, warmup=1, steps=3, num_batches=2, budget_s=(20, 20))
 # 8 equal 1024 x 1024 layers: ZeroRedundancyOptimizer assigns whole parameters to ranks, equal ones split evenly
-DENSE_FULL = dict(widths=(1024,) * 9 + (1,), batch_size=128, warmup=1, steps=8, budget_s=(12, 20))
+DENSE_FULL = dict(widths=(1024,) * 9 + (1,), batch_size=128, warmup=1, steps=8, budget_s=(10, 15))
 DENSE_TINY = dict(widths=(64,) * 5 + (1,), batch_size=16, warmup=1, steps=3, budget_s=(10, 10))
 WORKLOADS = (1.05, 1.2)  # Zipf exponents
 STATS_BATCHES = 8  # batches per rank counted for the statistics (the stream the runs train on, and more)
