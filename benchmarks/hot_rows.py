@@ -24,8 +24,9 @@ is reported), so the whole run stays within about 8 minutes on 2 cores.
 Sharded weight update: a DDP-wrapped MLP (its data-parallel part: millions of parameters)
 with adam from `embshard.train.trainer.dense_optimizer`, unsharded and with ``shard_over``
 (ZeroRedundancyOptimizer), both from the same weights on the same batches; bytes per rank of
-parameters, gradients and optimizer state, step time, and the largest weight difference
-between the two after the timed steps. Gloo ranks on CPU, one thread each.
+parameters, gradients and optimizer state (beside the planner's model of them,
+embshard/planner/cost/dense.py), step time, and the largest weight difference between the
+two after the timed steps. Gloo ranks on CPU, one thread each.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from torch import nn
 
 from embshard import planner
 from embshard.machine import cpu_model
+from embshard.planner.cost.dense import dense_bytes_per_rank, state_floats
 from embshard.planner.cost.hot_rows import lookup_share
 from embshard.planner.cost.traffic import rank_traffic_bytes, ring_allreduce_sent
 from embshard.planner.types import Constraints, ShardingType, TableConstraint
@@ -70,6 +72,7 @@ DENSE_TINY = dict(widths=(64,) * 5 + (1,), batch_size=16, warmup=1, steps=3, bud
 WORKLOADS = (1.05, 1.2)  # Zipf exponents
 STATS_BATCHES = 8  # batches per rank counted for the statistics (the stream the runs train on, and more)
 RUNS = ("embshard hot rows", "embshard", "TorchRec DMP")
+DENSE_RUNS = (("DDP, adam", False), ("DDP, adam, sharded update", True))  # (name, optim.sharded_update)
 
 
 def specs_of(size: dict) -> list[TableSpec]:
@@ -275,10 +278,10 @@ def run_dense(size: dict, pg, budget_s: float) -> dict:
             for _ in range(2)]
     config = DenseOptimConfig(name="adam", learning_rate=1e-3)
     models, optimizers = {}, {}
-    for name, shard_over in (("DDP, adam", None), ("DDP, adam, sharded update", pg)):
+    for name, sharded in DENSE_RUNS:
         torch.manual_seed(0)
         models[name] = DistributedDataParallel(mlp(size["widths"]), process_group=pg)
-        optimizers[name] = dense_optimizer(config, models[name].parameters(), shard_over)
+        optimizers[name] = dense_optimizer(config, models[name].parameters(), pg if sharded else None)
 
     def step_of(name: str):
         model, optimizer = models[name], optimizers[name]
@@ -291,13 +294,16 @@ def run_dense(size: dict, pg, budget_s: float) -> dict:
         return step
 
     runs = timed_loop({name: step_of(name) for name in models}, size, budget_s, pg, None, link=False)
-    for name, model in models.items():
+    for name, sharded in DENSE_RUNS:
+        model = models[name]
         state = local_optimizer(optimizers[name]).state.values()
         mine = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),
                 "optimizer_state": tensor_bytes(v for st in state for v in st.values())}
         gathered = [None] * dist.get_world_size(pg)
         dist.all_gather_object(gathered, mine, group=pg)
         runs[name]["bytes_per_rank"] = {k: max(g[k] for g in gathered) for k in mine}  # the fullest rank
+        runs[name]["predicted_bytes"] = dense_bytes_per_rank([p.numel() for p in model.parameters()], state_floats("adam"),
+                                                             dist.get_world_size(pg), sharded)
     plain, sharded = ([p.detach() for p in m.parameters()] for m in models.values())
     diff = max(float((a - b).abs().max()) for a, b in zip(plain, sharded))
     return {"widths": size["widths"], "num_params": sum(p.numel() for p in plain), "batch_size": size["batch_size"],
@@ -365,11 +371,12 @@ def markdown_hosts(data: dict) -> list[str]:
               f"MLP {' x '.join(map(str, d['widths']))} ({d['num_params'] / 1e6:.1f} M parameters, all data-parallel), adam, "
               f"batch {d['batch_size']} per rank; MB per rank (the fullest rank). Largest weight difference between the two "
               f"after the same steps: {d['max_weight_diff']:.1e}.", "",
-              "| run | parameters MB | gradients MB | optimizer state MB | total MB | step ms | steps |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| run | parameters MB | gradients MB | optimizer state MB | total MB | planner's model MB | step ms | steps |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, x in d["runs"].items():
         b = x["bytes_per_rank"]
         lines.append(f"| {name} | {b['params'] / 1e6:.1f} | {b['grads'] / 1e6:.1f} | {b['optimizer_state'] / 1e6:.1f} | "
-                     f"{sum(b.values()) / 1e6:.1f} | {1e3 * x['step_s']:.1f} | {x['steps']} |")
+                     f"{sum(b.values()) / 1e6:.1f} | {x['predicted_bytes'] / 1e6:.1f} | {1e3 * x['step_s']:.1f} | {x['steps']} |")
     plain, sharded = d["runs"].values()
     lines += ["", f"Sharded update: optimizer state {sharded['bytes_per_rank']['optimizer_state'] / plain['bytes_per_rank']['optimizer_state'] - 1:+.0%} "
                   f"per rank, step {sharded['step_s'] / plain['step_s'] - 1:+.0%}.", ""]
