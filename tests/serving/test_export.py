@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import BIN, HOT_ROWS
-from embshard.serving.artifact import MANIFEST, ArtifactError, read_manifest, sha256_file, verified_bytes
+from embshard.serving.artifact import MANIFEST, ArtifactError, read_hot_ids, read_manifest, sha256_file, verified_bytes
 from embshard.serving.export import ExportSettings, export
 from embshard.train import checkpoint
 
@@ -64,6 +64,24 @@ def test_hot_rows_of_the_run_are_replicas_on_every_rank(artifact, reference, tra
     split = export(ExportSettings(checkpoint=trained_run, out=tmp_path / "split", split=True, time_budget_s=0.5))
     assert not (split / "hot_ids.npz").exists()
     assert not any("@hot" in k for r in range(2) for k in load_file(split / f"rank_{r}.safetensors"))
+
+
+def test_missing_hot_ids_are_refused_naming_the_file(trained_run, artifact, tmp_path):
+    """The run's plan names a hot-ids file that is gone: export refuses, writing nothing; an artifact whose plan has
+    hot rows but whose manifest lists no hot_ids.npz does not load."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    plan = json.loads((copy / "plan.json").read_text())
+    plan["hot_ids_file"] = str(tmp_path / "gone.npz")
+    (copy / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="gone.npz"):
+        export(ExportSettings(checkpoint=copy, out=tmp_path / "out", time_budget_s=0.2))
+    assert leftovers(tmp_path) == ["run"]
+    folder = artifact("fp32", 2)
+    manifest = read_manifest(folder, 2)
+    del manifest["files"]["hot_ids.npz"]
+    with pytest.raises(ArtifactError, match="hot_ids.npz"):
+        read_hot_ids(folder, manifest)
 
 
 def test_a_changed_file_is_refused_by_name(artifact, tmp_path):
