@@ -1,8 +1,13 @@
 """Hot-row replication (FlexShard) on sequence tables with skewed ids: embshard with the hot
-rows the planner chose, embshard on the same layout without them, and TorchRec's DMP on it.
+rows the planner chose, embshard on the same layout without them, and TorchRec's DMP on it;
+then sharded dense weight updates (``optim.sharded_update``) against plain DDP.
 
-    .venv/bin/python benchmarks/hot_rows.py --out benchmarks/results/hot_rows.md
+    sudo .venv/bin/python benchmarks/hot_rows.py --out benchmarks/results/hot_rows.md    # 4-6 min (at most ~8)
     .venv/bin/python benchmarks/hot_rows.py --tiny --out /tmp/hot_rows.md      # a quick check at a tiny size
+
+Runs twice: 2 ranks on one host, then 2 emulated hosts x 2 ranks (embshard/emulated_hosts.py,
+needs root; `local_ranks.run_ranks` starts torchrun in each host's namespace, links shaped to
+2 Gbit/s). ``--hosts 1`` or ``--hosts 2`` runs one of them.
 
 Ids follow Zipf laws (exponent per workload, ranks scattered over the rows). The access
 counts are taken on the same stream with embshard-stats' counters (`ExactCounter`: its
@@ -10,28 +15,41 @@ curve becomes each table's ``hot_rows``, its ``hottest`` ranking the hot-ids fil
 itself measures pooled tables only), then `embshard.planner.plan(hot_ids_file=...)` chooses
 the layout and each table's hot fraction. Counted bytes: every ``all_to_all_single`` and
 ``all_reduce`` payload sent to other ranks, per rank and step, by wrapping torch.distributed's
-functions (both runtimes call them). Steps alternate between the three runtimes and are
-timed between barriers on rank 0; medians. Gloo ranks on CPU, one thread each, one host.
+functions (both runtimes call them), and the part of it sent to another host; on emulated
+hosts also the hosts' link counters (veth0 tx of both hosts per step: every packet, barriers
+and TCP included). Steps alternate between the three runtimes and are timed between barriers
+on rank 0; medians. Each timed loop stops early when its time budget is spent (the step count
+is reported), so the whole run stays within about 8 minutes on 2 cores.
+
+Sharded weight update: a DDP-wrapped MLP (its data-parallel part: millions of parameters)
+with adam from `embshard.train.trainer.dense_optimizer`, unsharded and with ``shard_over``
+(ZeroRedundancyOptimizer), both from the same weights on the same batches; bytes per rank of
+parameters, gradients and optimizer state (beside the planner's model of them,
+embshard/planner/cost/dense.py), step time, and the largest weight difference between the
+two after the timed steps. Gloo ranks on CPU, one thread each.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from embshard import planner
 from embshard.machine import cpu_model
+from embshard.planner.cost.dense import dense_bytes_per_rank, state_floats
 from embshard.planner.cost.hot_rows import lookup_share
+from embshard.planner.cost.traffic import rank_traffic_bytes, ring_allreduce_sent
 from embshard.planner.types import Constraints, ShardingType, TableConstraint
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingCollection
 from embshard.specs import TableSpec
@@ -39,15 +57,22 @@ from embshard.stats.counters import ExactCounter
 from embshard.stats.hot_ids import write_hot_ids
 from embshard.stats.measure import HOT_FRACTIONS, max_hot_rows
 from embshard.topology import Topology
-from local_ranks import run_script_ranks
-from runtime_vs_torchrec import loss_of, timed, torchrec_model
+from local_ranks import init_rank, run_ranks
+from runtime_vs_torchrec import FeaturesBatch, loss_of, timed, torchrec_model
 
 LR = 0.01
-FULL = dict(world_size=2, batch_size=1024, rows=(200_000, 100_000, 300_000, 50_000), pooling=(20, 10, 25, 15), dim=64,
-            warmup=2, steps=12, num_batches=4)
-TINY = dict(world_size=2, batch_size=32, rows=(2_000, 1_000), pooling=(8, 4), dim=16, warmup=1, steps=2, num_batches=2)
+RANKS_PER_HOST = 2
+LINK_GBIT = 2.0  # EmulatedHosts' default link rate (run_ranks), each way
+FULL = dict(batch_size=1024, rows=(200_000, 100_000, 300_000, 50_000), pooling=(20, 10, 25, 15), dim=64,
+            warmup=2, steps=12, num_batches=4, budget_s=(30, 45))  # timed-loop budget per workload: 1 host, 2 hosts
+TINY = dict(batch_size=32, rows=(2_000, 1_000), pooling=(8, 4), dim=16, warmup=1, steps=3, num_batches=2, budget_s=(20, 20))
+# 8 equal 1024 x 1024 layers: ZeroRedundancyOptimizer assigns whole parameters to ranks, equal ones split evenly
+DENSE_FULL = dict(widths=(1024,) * 9 + (1,), batch_size=128, warmup=1, steps=8, budget_s=(10, 15))
+DENSE_TINY = dict(widths=(64,) * 5 + (1,), batch_size=16, warmup=1, steps=3, budget_s=(10, 10))
 WORKLOADS = (1.05, 1.2)  # Zipf exponents
 STATS_BATCHES = 8  # batches per rank counted for the statistics (the stream the runs train on, and more)
+RUNS = ("embshard hot rows", "embshard", "TorchRec DMP")
+DENSE_RUNS = (("DDP, adam", False), ("DDP, adam, sharded update", True))  # (name, optim.sharded_update)
 
 
 def specs_of(size: dict) -> list[TableSpec]:
@@ -71,10 +96,10 @@ def zipf_batches(specs: list[TableSpec], s: float, batch_size: int, count: int, 
     return out
 
 
-def measured(specs: list[TableSpec], s: float, size: dict, hot_ids_path: Path) -> list[TableSpec]:
+def measured(specs: list[TableSpec], s: float, size: dict, world: int, hot_ids_path: Path) -> list[TableSpec]:
     """Specs with the hot_rows curve of every rank's stream; writes the hot-ids file."""
     counters = [ExactCounter(spec.num_embeddings) for spec in specs]
-    for rank in range(size["world_size"]):
+    for rank in range(world):
         for batch in zipf_batches(specs, s, size["batch_size"], STATS_BATCHES, seed=rank):
             for counter, (_, ids) in zip(counters, batch):
                 counter.add(ids)
@@ -83,33 +108,56 @@ def measured(specs: list[TableSpec], s: float, size: dict, hot_ids_path: Path) -
 
 
 class ByteCounter:
-    """Bytes this rank sends to other ranks through all_to_all_single and all_reduce (wraps torch.distributed)."""
+    """Bytes this rank sends to other ranks through all_to_all_single and all_reduce (wraps torch.distributed),
+    in total and to ranks on other hosts (rank r on host r // per_host). An all-reduce counts as a ring in
+    group rank order (`ring_allreduce_sent`, as embshard's own counter)."""
 
-    def __init__(self) -> None:
-        self.all_to_all = self.all_reduce = 0
+    def __init__(self, per_host: int) -> None:
+        self.per_host = per_host
         self.on = False
+        self.take()
         a2a, ar = dist.all_to_all_single, dist.all_reduce
 
         def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
             if self.on and input.numel():
-                W, rank = dist.get_world_size(kwargs.get("group")), dist.get_rank(kwargs.get("group"))
+                ranks = self._ranks(kwargs.get("group"))
+                me = ranks.index(dist.get_rank())
                 row = input.element_size() * (input.numel() // input.shape[0])
-                splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // W] * W
-                self.all_to_all += row * (sum(splits) - splits[rank])
+                splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // len(ranks)] * len(ranks)
+                self.bytes[0] += row * (sum(splits) - splits[me])
+                self.bytes[2] += row * sum(n for r, n in zip(ranks, splits) if not self._same_host(r))
             return a2a(output, input, output_split_sizes, input_split_sizes, *args, **kwargs)
 
         def all_reduce(tensor, *args, **kwargs):
             if self.on:
-                W = dist.get_world_size(kwargs.get("group"))
-                self.all_reduce += 2 * tensor.numel() * tensor.element_size() * (W - 1) // W  # a ring's share
+                ranks = self._ranks(kwargs.get("group"))
+                me = ranks.index(dist.get_rank())
+                sent = tensor.element_size() * ring_allreduce_sent(tensor.numel(), len(ranks))[me]
+                self.bytes[1] += sent
+                self.bytes[3] += 0 if self._same_host(ranks[(me + 1) % len(ranks)]) else sent
             return ar(tensor, *args, **kwargs)
 
         dist.all_to_all_single, dist.all_reduce = all_to_all_single, all_reduce
 
-    def take(self) -> tuple[int, int]:
-        out = (self.all_to_all, self.all_reduce)
-        self.all_to_all = self.all_reduce = 0
+    @staticmethod
+    def _ranks(group) -> list[int]:
+        return dist.get_process_group_ranks(group or dist.group.WORLD)
+
+    def _same_host(self, rank: int) -> bool:
+        return rank // self.per_host == dist.get_rank() // self.per_host
+
+    def take(self) -> list[int]:
+        """[all-to-all, all-reduce, all-to-all to other hosts, all-reduce to other hosts] bytes since the last take."""
+        out, self.bytes = getattr(self, "bytes", None), [0, 0, 0, 0]
         return out
+
+
+def link_tx_bytes() -> int:
+    """Bytes this emulated host sent on its link so far (0 outside an emulated host)."""
+    from embshard.emulated_hosts import IFNAME
+
+    path = Path("/sys/class/net") / IFNAME / "statistics" / "tx_bytes"
+    return int(path.read_text()) if path.exists() else 0
 
 
 def kjts(batches) -> list:
@@ -118,13 +166,60 @@ def kjts(batches) -> list:
                               lengths=torch.from_numpy(np.concatenate([lengths for lengths, _ in b]))) for b in batches]
 
 
-def run_workload(s: float, size: dict, pg, counter: ByteCounter, work_dir: Path) -> dict:
+def out_of_time(start: float, budget_s: float, pg) -> bool:
+    """Rank 0's clock decides for every rank (one broadcast)."""
+    flag = torch.tensor([int(time.perf_counter() - start > budget_s)])
+    dist.broadcast(flag, src=0, group=pg)
+    return bool(flag.item())
+
+
+def timed_loop(steps: dict, size: dict, budget_s: float, pg, counter: ByteCounter | None, link: bool) -> dict:
+    """Warm up, then up to size["steps"] rounds of every step (order rotating), within budget_s:
+    per step: seconds, counted bytes (busiest rank) and link bytes (both hosts)."""
+    for i in range(size["warmup"]):
+        for step in steps.values():
+            step(i)
+    names = list(steps)
+    seconds = {n: [] for n in names}
+    counted = {n: [] for n in names}
+    links = {n: [] for n in names}
+    start = time.perf_counter()
+    for i in range(size["steps"]):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            before = link_tx_bytes() if link else 0
+            if counter is not None:
+                counter.on = True
+            seconds[name].append(timed(lambda: steps[name](i), pg))
+            if counter is not None:
+                counter.on = False
+                counted[name].append(counter.take())
+            links[name].append(link_tx_bytes() - before if link else 0)
+        if i + 1 >= len(names) and i + 1 < size["steps"] and out_of_time(start, budget_s, pg):
+            break
+    mine = {n: {"counted": [statistics.mean(b[k] for b in counted[n]) for k in range(4)] if counted[n] else None,
+                "link": statistics.mean(links[n])} for n in names}
+    gathered = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(gathered, mine, group=pg)
+    out = {}
+    for n in names:
+        out[n] = {"step_s": statistics.median(seconds[n]), "steps": len(seconds[n]),
+                  "link_bytes": sum(g[n]["link"] for g in gathered)}  # only each host's first rank reads its link
+        if counter is not None:
+            out[n]["bytes"] = [max(g[n]["counted"][k] for g in gathered) for k in range(2)]  # the busiest rank
+            out[n]["inter_host_bytes"] = sum(g[n]["counted"][2] + g[n]["counted"][3] for g in gathered)  # all ranks
+    return out
+
+
+def run_workload(s: float, size: dict, pg, per_host: int, counter: ByteCounter, work_dir: Path, budget_s: float) -> dict:
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
+    hosts = W // per_host
     specs = specs_of(size)
-    hot_ids = work_dir / f"hot_ids_{s}.npz"
+    hot_ids = work_dir / f"hot_ids_{s}_{hosts}.npz"
+    t0 = time.perf_counter()
     if rank == 0:
-        specs = measured(specs, s, size, hot_ids)
-        topo = Topology(world_size=W, local_world_size=W, device="cpu", batch_size_per_rank=size["batch_size"])
+        specs = measured(specs, s, size, W, hot_ids)
+        topo = Topology(world_size=W, local_world_size=per_host, device="cpu", batch_size_per_rank=size["batch_size"],
+                        inter_host_gb_per_s=2 * LINK_GBIT / 8 if hosts > 1 else 0.0)  # half-duplex: sent + received
         # layouts both runtimes run (TorchRec's EmbeddingCollection has no data-parallel on CPU)
         allowed = TableConstraint((ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE))
         plan = planner.plan(specs, topo, Constraints(tables={t.name: allowed for t in specs}), time_budget_s=5,
@@ -140,75 +235,163 @@ def run_workload(s: float, size: dict, pg, counter: ByteCounter, work_dir: Path)
     config = OptimizerConfig(learning_rate=LR)
     hot = ShardedEmbeddingCollection(specs, plan, pg, optimizer=config)
     cold = ShardedEmbeddingCollection(specs, cold_plan, pg, optimizer=config)
-    theirs, _ = torchrec_model(specs, cold_plan, pg)
-    runs = {"embshard hot rows": hot, "embshard": cold, "TorchRec DMP": theirs}
+    theirs, _ = torchrec_model(specs, cold_plan, pg)  # sequence tables only: no dense optimizer
+    setup_s = time.perf_counter() - t0
 
-    def step_of(model):
-        return lambda kjt: loss_of(model(kjt), False).backward()
-
-    steps = {name: step_of(m) for name, m in runs.items()}
-    for i in range(size["warmup"]):
-        for step in steps.values():
-            step(batches[i % len(batches)])
-    seconds = {name: [] for name in runs}
-    bytes_ = {name: [] for name in runs}
-    order = list(runs)
-    for i in range(size["steps"]):
-        kjt = batches[i % len(batches)]
-        for name in order[i % 3:] + order[:i % 3]:
-            counter.on = True
-            seconds[name].append(timed(steps[name], kjt, pg))
-            counter.on = False
-            bytes_[name].append(counter.take())
-    per_rank = [None] * W
-    dist.all_gather_object(per_rank, {n: [statistics.mean(b[0] for b in v), statistics.mean(b[1] for b in v)] for n, v in bytes_.items()},
-                           group=pg)
+    steps = {RUNS[0]: lambda i: loss_of(hot(batches[i % len(batches)]), False).backward(),
+             RUNS[1]: lambda i: loss_of(cold(batches[i % len(batches)]), False).backward(),
+             RUNS[2]: lambda i: theirs(FeaturesBatch(batches[i % len(batches)]))[0].backward()}
+    runs = timed_loop(steps, size, budget_s, pg, counter, link=hosts > 1 and rank % per_host == 0)
+    predicted = {name: sum(t.inter_host_sent for t in rank_traffic_bytes(specs, plan.topology, p.tables))
+                 for name, p in ((RUNS[0], plan), (RUNS[1], cold_plan))}
     return {"zipf": s, "tables": [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor) for t in specs],
             "layout": {t.name: f"{t.sharding_type.value}/{len(t.shards)}" for t in plan.tables},
             "hot_rows": {t.name: t.hot_rows for t in plan.tables},
             "hot_share": {t.name: lookup_share(plan.spec(t.name), t.hot_rows) for t in plan.tables},
-            "step_s": {n: statistics.median(v) for n, v in seconds.items()},
-            "bytes": {n: [max(r[n][0] for r in per_rank), max(r[n][1] for r in per_rank)] for n in runs},
+            "runs": runs, "predicted_inter_host_bytes": predicted, "setup_s": setup_s,
             "predicted_ms": plan.max_rank_ms, "predicted_cold_ms": planner.evaluate(specs, plan.topology, cold_plan.tables).max_rank_ms}
 
 
-def worker(rank: int, port: int, out: str, tiny: bool) -> None:
-    size = TINY if tiny else FULL
+# ---- sharded weight updates ------------------------------------------------------------------
+def mlp(widths: tuple[int, ...]) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def run_dense(size: dict, pg, budget_s: float) -> dict:
+    """DDP + adam, unsharded and sharded (ZeroRedundancyOptimizer), from the same weights on the same batches."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from embshard.train.checkpoint import local_optimizer
+    from embshard.train.optim import DenseOptimConfig
+    from embshard.train.trainer import dense_optimizer
+
+    rank = dist.get_rank(pg)
+    gen = torch.Generator().manual_seed(rank)
+    data = [(torch.randn(size["batch_size"], size["widths"][0], generator=gen), torch.randn(size["batch_size"], 1, generator=gen))
+            for _ in range(2)]
+    config = DenseOptimConfig(name="adam", learning_rate=1e-3)
+    models, optimizers = {}, {}
+    for name, sharded in DENSE_RUNS:
+        torch.manual_seed(0)
+        models[name] = DistributedDataParallel(mlp(size["widths"]), process_group=pg)
+        optimizers[name] = dense_optimizer(config, models[name].parameters(), pg if sharded else None)
+
+    def step_of(name: str):
+        model, optimizer = models[name], optimizers[name]
+
+        def step(i: int) -> None:
+            x, y = data[i % len(data)]
+            ((model(x) - y) ** 2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)  # gradients stay allocated: they count in the memory below
+        return step
+
+    runs = timed_loop({name: step_of(name) for name in models}, size, budget_s, pg, None, link=False)
+    for name, sharded in DENSE_RUNS:
+        model = models[name]
+        state = local_optimizer(optimizers[name]).state.values()
+        mine = {"params": tensor_bytes(model.parameters()), "grads": tensor_bytes(p.grad for p in model.parameters()),
+                "optimizer_state": tensor_bytes(v for st in state for v in st.values())}
+        gathered = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(gathered, mine, group=pg)
+        runs[name]["bytes_per_rank"] = {k: max(g[k] for g in gathered) for k in mine}  # the fullest rank
+        runs[name]["predicted_bytes"] = dense_bytes_per_rank([p.numel() for p in model.parameters()], state_floats("adam"),
+                                                             dist.get_world_size(pg), sharded)
+    plain, sharded = ([p.detach() for p in m.parameters()] for m in models.values())
+    diff = max(float((a - b).abs().max()) for a, b in zip(plain, sharded))
+    return {"widths": size["widths"], "num_params": sum(p.numel() for p in plain), "batch_size": size["batch_size"],
+            "runs": runs, "max_weight_diff": diff}
+
+
+def worker(args: argparse.Namespace) -> None:
+    size, dense = (TINY, DENSE_TINY) if args.tiny else (FULL, DENSE_FULL)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size["world_size"],
-                            timeout=datetime.timedelta(seconds=600))
+    rank, world, per_host = init_rank()
+    hosts = world // per_host
     pg = dist.group.WORLD
-    counter = ByteCounter()
-    work_dir = Path(out).parent
-    results = [run_workload(s, size, pg, counter, work_dir) for s in WORKLOADS]
+    counter = ByteCounter(per_host)
+    work_dir = Path(args.json).parent
+    t0 = time.perf_counter()
+    results = [run_workload(s, size, pg, per_host, counter, work_dir, size["budget_s"][hosts - 1]) for s in WORKLOADS]
+    dense_result = run_dense(dense, pg, dense["budget_s"][hosts - 1])
     if rank == 0:
-        Path(out).write_text(json.dumps({"size": size, "results": results}))
+        Path(args.json).write_text(json.dumps({"size": size, "hosts": hosts, "ranks_per_host": per_host, "results": results,
+                                               "dense": dense_result, "seconds": time.perf_counter() - t0}))
+    dist.barrier(group=pg)  # no rank leaves while rank 0 (the store's host) still writes
     dist.destroy_process_group()
 
 
-def markdown(data: dict, command: str) -> str:
-    size, results = data["size"], data["results"]
-    samples = size["world_size"] * size["batch_size"]
-    lines = ["# Hot-row replication on skewed sequence tables", "",
-             f"Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {size['world_size']} ranks on "
-             f"one host (CPU, 1 thread each), batch {size['batch_size']:,} per rank, rowwise_adagrad. Command: `{command}`.", "",
-             "Bytes: all-to-all and all-reduce payload each rank sends to other ranks per step (the busiest rank; an all-reduce "
-             "counts a ring's 2 (W-1)/W of its buffer). Step: forward + backward + fused update, median of "
-             f"{size['steps']} steps, the three runs alternating.", ""]
+# ---- report ----------------------------------------------------------------------------------
+def markdown_hosts(data: dict) -> list[str]:
+    size, results, H, L = data["size"], data["results"], data["hosts"], data["ranks_per_host"]
+    samples = H * L * size["batch_size"]
+    where = "one host" if H == 1 else f"{H} emulated hosts x {L} ranks (links: {data['shaping']})"
+    lines = [f"## {H * L} ranks on {where}", "",
+             f"Batch {size['batch_size']:,} per rank, rowwise_adagrad; the ranks' part of the run took {data['seconds']:.0f} s "
+             f"(spawning not included). Bytes per step: all-to-all and all-reduce payload the busiest rank sends to other "
+             f"ranks; inter-host: what all ranks send to another host (counted the same way; predicted: the plan's "
+             f"`traffic_bytes`, inter-host sent, summed over ranks)" +
+             ("; link: both hosts' veth0 tx bytes (every packet, barriers and TCP headers included)" if H > 1 else "") +
+             ". Step: forward + backward + fused update, median, the three runs alternating.", ""]
     for r in results:
-        lines += [f"## Zipf exponent {r['zipf']}", "",
+        runs = r["runs"]
+        lines += [f"### Zipf exponent {r['zipf']}", "",
                   "Tables: " + ", ".join(f"{n} {rows:,}x{d} pf {pf:g}" for n, rows, d, pf in r["tables"]) + ".", "",
                   "Planner: " + ", ".join(f"{n} {r['layout'][n]}, hot {r['hot_rows'][n]:,} rows "
-                                          f"({r['hot_share'][n]:.0%} of lookups)" for n in r["layout"]) +
-                  f"; predicted {r['predicted_ms']:.2f} ms per step with hot rows, {r['predicted_cold_ms']:.2f} ms without.", "",
-                  "| run | all-to-all MB/step | all-reduce MB/step | step ms | samples/s |", "|---|---:|---:|---:|---:|"]
-        for name, (a2a, ar) in r["bytes"].items():
-            step = r["step_s"][name]
-            lines.append(f"| {name} | {a2a / 1e6:.3f} | {ar / 1e6:.3f} | {1e3 * step:.1f} | {samples / step:,.0f} |")
-        base, hot = r["bytes"]["embshard"][0], r["bytes"]["embshard hot rows"][0]
-        lines += ["", f"All-to-all bytes with hot rows: {hot / base - 1:+.0%} against the same layout without; step "
-                      f"{r['step_s']['embshard hot rows'] / r['step_s']['embshard'] - 1:+.0%}.", ""]
-    lines += ["Not measured here: 2 emulated hosts (embshard/emulated_hosts.py), where the saved bytes cross the slow link.", ""]
+                                          f"({r['hot_rows'][n] / rows:.1%} of rows, {r['hot_share'][n]:.0%} of lookups)"
+                                          for n, rows, _, _ in r["tables"]) +
+                  f"; predicted {r['predicted_ms']:.2f} ms per step with hot rows, {r['predicted_cold_ms']:.2f} ms without. "
+                  f"Set-up (statistics, planning, three models) {r['setup_s']:.0f} s.", "",
+                  "| run | all-to-all MB/step | all-reduce MB/step | inter-host MB/step counted | predicted | link MB/step "
+                  "| step ms | samples/s | steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, x in runs.items():
+            predicted = r["predicted_inter_host_bytes"].get(name)
+            link = f"{x['link_bytes'] / 1e6:.2f}" if H > 1 else "-"
+            lines.append(f"| {name} | {x['bytes'][0] / 1e6:.3f} | {x['bytes'][1] / 1e6:.3f} | {x['inter_host_bytes'] / 1e6:.3f} | "
+                         f"{'-' if predicted is None else f'{predicted / 1e6:.3f}'} | {link} | {1e3 * x['step_s']:.1f} | "
+                         f"{samples / x['step_s']:,.0f} | {x['steps']} |")
+        hot, cold, theirs = (runs[n] for n in RUNS)
+        key = "inter_host_bytes" if H > 1 else "bytes"
+        lines.append("")
+        base, mine = (cold[key], hot[key]) if H > 1 else (cold["bytes"][0], hot["bytes"][0])
+        what = "inter-host bytes (all collectives)" if H > 1 else "all-to-all bytes"
+        lines.append(f"With hot rows: {what} {mine / base - 1:+.0%} against the same layout without (target: -50% or less), "
+                     f"step {hot['step_s'] / cold['step_s'] - 1:+.0%} (target: faster); against TorchRec's DMP: step "
+                     f"{hot['step_s'] / theirs['step_s'] - 1:+.0%}.")
+        lines.append("")
+    d = data["dense"]
+    lines += [f"### Sharded weight update ({H * L} ranks)", "",
+              f"MLP {' x '.join(map(str, d['widths']))} ({d['num_params'] / 1e6:.1f} M parameters, all data-parallel), adam, "
+              f"batch {d['batch_size']} per rank; MB per rank (the fullest rank). Largest weight difference between the two "
+              f"after the same steps: {d['max_weight_diff']:.1e}.", "",
+              "| run | parameters MB | gradients MB | optimizer state MB | total MB | planner's model MB | step ms | steps |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, x in d["runs"].items():
+        b = x["bytes_per_rank"]
+        lines.append(f"| {name} | {b['params'] / 1e6:.1f} | {b['grads'] / 1e6:.1f} | {b['optimizer_state'] / 1e6:.1f} | "
+                     f"{sum(b.values()) / 1e6:.1f} | {x['predicted_bytes'] / 1e6:.1f} | {1e3 * x['step_s']:.1f} | {x['steps']} |")
+    plain, sharded = d["runs"].values()
+    lines += ["", f"Sharded update: optimizer state {sharded['bytes_per_rank']['optimizer_state'] / plain['bytes_per_rank']['optimizer_state'] - 1:+.0%} "
+                  f"per rank, step {sharded['step_s'] / plain['step_s'] - 1:+.0%}.", ""]
+    return lines
+
+
+def markdown(parts: list[dict], skipped: str, command: str, seconds: float) -> str:
+    lines = ["# Hot-row replication on skewed sequence tables; sharded weight updates", "",
+             f"Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo on CPU, 1 thread per rank. "
+             f"Command: `{command}` ({seconds:.0f} s in all). Embedding runs: embshard with the planner's hot rows, embshard on "
+             "the same layout without them, TorchRec's DMP on that layout.", ""]
+    for data in parts:
+        lines += markdown_hosts(data)
+    if skipped:
+        lines += [f"Not run: {skipped}", ""]
     return "\n".join(lines)
 
 
@@ -216,20 +399,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/hot_rows.md")
     parser.add_argument("--tiny", action="store_true", help="tiny tables and batches: checks that it runs")
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", default="1,2", help="1, 2 (emulated hosts x 2 ranks, needs root) or 1,2 (default)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rank is not None:
-        worker(args.rank, args.port, args.json, args.tiny)
+    if args.worker:
+        worker(args)
         return
-    size = TINY if args.tiny else FULL
-    json_path = Path(tempfile.mkdtemp(prefix="embshard-hot-")) / "hot_rows.json"
-    run_script_ranks(__file__, size["world_size"], lambda r, port: ["--rank", str(r), "--port", str(port), "--json",
-                                                                    str(json_path)] + (["--tiny"] if args.tiny else []))
-    command = ".venv/bin/python benchmarks/hot_rows.py" + (" --tiny" if args.tiny else "") + f" --out {args.out}"
+    hosts = sorted({int(h) for h in args.hosts.split(",") if h.strip()} if args.hosts.replace(",", "").isdigit() else {0})
+    if not hosts or not set(hosts) <= {1, 2}:
+        parser.exit(2, f"{parser.prog}: error: --hosts {args.hosts!r}: give 1, 2 or 1,2\n")
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="embshard-hot-"))
+    parts, skipped = [], ""
+    for H in hosts:
+        json_path = work / f"hot_rows_{H}.json"
+        rank_args = ["--worker", "--json", str(json_path)] + (["--tiny"] if args.tiny else [])
+        try:
+            shaping = run_ranks(__file__, rank_args, hosts=H, ranks_per_host=RANKS_PER_HOST, timeout_s=420)
+        except Exception as e:  # no root or no namespaces: report the one-host part alone
+            from embshard.emulated_hosts import EmulationUnavailable
+            if H == 1 or not isinstance(e, EmulationUnavailable):
+                raise
+            skipped = f"{H} emulated hosts ({e})."
+            continue
+        parts.append({**json.loads(json_path.read_text()), "shaping": shaping})
+    command = ".venv/bin/python benchmarks/hot_rows.py" + (" --tiny" if args.tiny else "") + \
+        ("" if args.hosts == "1,2" else f" --hosts {args.hosts}") + f" --out {args.out}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(markdown(json.loads(json_path.read_text()), command))
+    Path(args.out).write_text(markdown(parts, skipped, command, time.perf_counter() - t0))
     print(Path(args.out).read_text())
 
 

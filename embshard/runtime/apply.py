@@ -15,6 +15,8 @@ they may live on the meta device; the blocks load with ``load_quantized``.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -39,13 +41,15 @@ def shard_model(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, *,
 
 
 def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup,
-                             optimizer: OptimizerConfig | None, device: torch.device) -> nn.Module:
+                             optimizer: OptimizerConfig | None, device: torch.device,
+                             hot_ids: Mapping[str, Any] | None = None) -> nn.Module:
     """Replace every EmbeddingBagCollection / EmbeddingCollection by its sharded version, weights copied
-    (``optimizer=None``: forward-only collections, weights not copied)."""
+    (``optimizer=None``: forward-only collections, weights not copied). hot_ids: the hot tables' rankings
+    (table -> ids hottest first; None: the plan's hot_ids_file)."""
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))]
     for name, module in targets:
-        sharded = shard_embedding_bags(module, plan, pg, optimizer, device) if isinstance(module, EmbeddingBagCollection) \
-            else shard_embeddings(module, plan, pg, optimizer, device)
+        sharded = shard_embedding_bags(module, plan, pg, optimizer, device, hot_ids) \
+            if isinstance(module, EmbeddingBagCollection) else shard_embeddings(module, plan, pg, optimizer, device, hot_ids)
         if not name:
             return sharded
         parent_name, _, child = name.rpartition(".")
@@ -54,7 +58,8 @@ def apply_embedding_sharding(model: nn.Module, plan: ShardingPlan, pg: dist.Proc
 
 
 def shard_embedding_bags(ebc: EmbeddingBagCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
-                         optimizer: OptimizerConfig | None, device: torch.device) -> ShardedEmbeddingBagCollection:
+                         optimizer: OptimizerConfig | None, device: torch.device,
+                         hot_ids: Mapping[str, Any] | None = None) -> ShardedEmbeddingBagCollection:
     configs = ebc.embedding_bag_configs()
     bad = [c.name for c in configs if c.pooling not in POOLING]
     if bad:
@@ -62,16 +67,19 @@ def shard_embedding_bags(ebc: EmbeddingBagCollection, plan: ShardingPlan, pg: di
                          "embshard pools by sum or mean")
     sharded = ShardedEmbeddingBagCollection(_specs(configs, plan, pooled=True), plan, pg,
                                             pooling={c.name: POOLING[c.pooling] for c in configs},
-                                            weighted=ebc.is_weighted(), optimizer=optimizer, device=device)
+                                            weighted=ebc.is_weighted(), optimizer=optimizer, device=device,
+                                            hot_ids=hot_ids)
     if optimizer is not None:
         sharded.load_tables({c.name: ebc.embedding_bags[c.name].weight.detach() for c in configs})
     return sharded
 
 
 def shard_embeddings(ec: EmbeddingCollection, plan: ShardingPlan, pg: dist.ProcessGroup,
-                     optimizer: OptimizerConfig | None, device: torch.device) -> ShardedEmbeddingCollection:
+                     optimizer: OptimizerConfig | None, device: torch.device,
+                     hot_ids: Mapping[str, Any] | None = None) -> ShardedEmbeddingCollection:
     configs = ec.embedding_configs()
-    sharded = ShardedEmbeddingCollection(_specs(configs, plan, pooled=False), plan, pg, optimizer=optimizer, device=device)
+    sharded = ShardedEmbeddingCollection(_specs(configs, plan, pooled=False), plan, pg, optimizer=optimizer, device=device,
+                                         hot_ids=hot_ids)
     if optimizer is not None:
         sharded.load_tables({c.name: ec.embeddings[c.name].weight.detach() for c in configs})
     return sharded

@@ -6,7 +6,10 @@ Layout of an artifact folder (no pickles anywhere):
     plan.json            the serving plan (planner inference mode) for ``world_size`` ranks
     dense.safetensors    the dense parameters (MLPs, interaction, attention), by parameter name
     rank_R.safetensors   rank R's blocks: ``TABLE.weight`` (float32 / float16 / uint8 int8 codes) and,
-                         for int8, ``TABLE.scale_bias`` (float16 [rows, 2]); data-parallel tables on every rank
+                         for int8, ``TABLE.scale_bias`` (float16 [rows, 2]); data-parallel tables on every rank,
+                         and so are hot-row replicas ``TABLE@hot`` (the table's rows at its sorted hot ids)
+    hot_ids.npz          only when the plan has hot rows (plan.json's hot_ids_file names it): each hot table's
+                         hot ids, sorted (numpy .npz of int64 arrays, read without pickles)
 
 Every file has a normal file's mode (0666 less the umask; safetensors alone would write 0600).
 Every read goes through `verified_bytes`, which checks the file's SHA-256 against the manifest
@@ -16,12 +19,14 @@ first: a tampered, truncated or missing file is refused with its name (`Artifact
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from safetensors import SafetensorError
@@ -39,6 +44,7 @@ from embshard.schema import schema_of, value_of
 
 FORMAT, VERSION = "embshard-serving-artifact", 1
 MANIFEST, MODEL_FILE, PLAN_FILE, DENSE_FILE = "manifest.json", "model.json", "plan.json", "dense.safetensors"
+HOT_IDS_FILE = "hot_ids.npz"
 FIX = "export it again with embshard-export"
 
 
@@ -149,6 +155,19 @@ def read_plan(folder: Path, manifest: Mapping[str, Any]) -> ShardingPlan:
         raise
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{folder / PLAN_FILE}: not a valid plan ({e}); {FIX}") from None
+
+
+def read_hot_ids(folder: Path, manifest: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """hot_ids.npz: table -> its hot ids (verified; no pickles)."""
+    if HOT_IDS_FILE not in manifest["files"]:
+        raise ArtifactError(f"{folder / MANIFEST}: the plan has hot rows but the manifest does not list {HOT_IDS_FILE}; {FIX}")
+    try:
+        with np.load(io.BytesIO(verified_bytes(folder, manifest, HOT_IDS_FILE)), allow_pickle=False) as npz:
+            return {name: np.asarray(npz[name], dtype=np.int64) for name in npz.files}
+    except (OSError, ValueError) as e:
+        if isinstance(e, ArtifactError):
+            raise
+        raise ArtifactError(f"{folder / HOT_IDS_FILE}: not a hot-ids file ({e}); {FIX}") from None
 
 
 def read_tensors(folder: Path, manifest: Mapping[str, Any], name: str) -> dict[str, Tensor]:

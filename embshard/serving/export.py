@@ -10,8 +10,12 @@ against the checksums it was written with), plans the tables for
 their serving dtype; it replicates every table that fits, for local look-ups, unless
 ``split``), then reads one table at a time, cuts it into the plan's blocks,
 quantizes each block (embshard.serving.quantize) and writes the artifact described in
-embshard.serving.artifact. Everything is written into a temporary folder next to ``out``
-and renamed at the end, so a failed export leaves nothing that looks like an artifact.
+embshard.serving.artifact. Hot rows: a table the run trained with hot rows (its plan.json's
+``hot_rows``, the ids from its ``hot_ids_file``) keeps them wherever the serving plan shards it
+(not under ``split``, nor where it replicates the whole table): its ``NAME@hot`` block (the
+rows at the sorted hot ids) goes to every rank and the ids into the artifact's hot_ids.npz.
+Everything is written into a temporary folder next to ``out`` and renamed at the end, so a
+failed export leaves nothing that looks like an artifact.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from embshard.models.config import DLRMConfig
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Constraints, ShardingType, TableConstraint
 from embshard.runtime.lookup import TORCH_DTYPE
-from embshard.serving.artifact import (DENSE_FILE, MODEL_FILE, PLAN_FILE, ModelInfo, block_tensors, model_config,
-                                       rank_file, save_tensors, write_manifest)
+from embshard.runtime.hot_rows import HOT, hot_id_sets
+from embshard.serving.artifact import (DENSE_FILE, HOT_IDS_FILE, MODEL_FILE, PLAN_FILE, ModelInfo, block_tensors,
+                                       model_config, rank_file, save_tensors, write_manifest)
 from embshard.serving.quantize import quantize
 from embshard.specs import DTYPE_BYTES, TableSpec
+from embshard.stats.hot_ids import write_hot_ids
 from embshard.topology import Topology
 from embshard.train import checkpoint
 from embshard.train.config import run_specs
@@ -83,6 +89,7 @@ class TrainingRun:
     specs: tuple[TableSpec, ...]  # as trained
     model: DLRMConfig
     topology: Mapping[str, Any]  # the run's topology (bandwidths and calibrated terms carry over)
+    hot_ids: Mapping[str, Tensor] = field(default_factory=dict)  # table -> its sorted hot ids, as the run trained them
 
 
 def find_run(path: Path) -> TrainingRun:
@@ -115,7 +122,19 @@ def find_run(path: Path) -> TrainingRun:
         raise ValueError(f"checkpoint {step_dir}: its tables {sorted(saved)} do not match {run_dir}/config.yaml's; "
                          "the checkpoint belongs to another run")
     checkpoint.verify_files(step_dir, info, with_rank_files=False)  # before anything is read or written
-    return TrainingRun(step_dir, int(info["step"]), specs, model, raw["topology"])
+    return TrainingRun(step_dir, int(info["step"]), specs, model, raw["topology"], trained_hot_ids(run_dir))
+
+
+def trained_hot_ids(run_dir: Path) -> dict[str, Tensor]:
+    """table -> sorted hot ids of the run's plan (run_dir/plan.json; none without one, as after an unsharded run)."""
+    path = run_dir / "plan.json"
+    if not path.exists():
+        return {}
+    try:
+        plan = ShardingPlan.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable plan ({e}); export needs the plan the run trained with") from None
+    return hot_id_sets(plan.specs, plan, None, f"{path} (the run's plan)")
 
 
 def _read_config(run_dir: Path) -> dict[str, Any]:
@@ -153,7 +172,14 @@ def serving_plan(run: TrainingRun, settings: ExportSettings) -> ShardingPlan:
     constraints = Constraints.from_dict(settings.constraints, [s.name for s in specs], settings.world_size)
     if settings.split:
         constraints = without_replicas(constraints, [s.name for s in specs])
-    return planner.plan(specs, topology, constraints, time_budget_s=settings.time_budget_s, inference=True)
+    plan = planner.plan(specs, topology, constraints, time_budget_s=settings.time_budget_s, inference=True)
+    hot = {} if settings.split else {name: ids for name, ids in run.hot_ids.items()
+                                     if plan.placement(name).sharding_type is not ShardingType.DATA_PARALLEL}
+    if not hot:
+        return plan
+    placements = [replace(t, hot_rows=hot[t.name].numel() if t.name in hot else 0) for t in plan.tables]
+    return planner.evaluate(specs, topology, placements, constraints, lower_bound=plan.lower_bound_ms, search=plan.search,
+                            inference=True, hot_ids_file=HOT_IDS_FILE)
 
 
 def without_replicas(constraints: Constraints, tables: list[str]) -> Constraints:
@@ -208,6 +234,13 @@ def _write(folder: Path, run: TrainingRun, plan: ShardingPlan, settings: ExportS
                 per_rank[r].update(block_tensors(spec.name, block))
             if placement.sharding_type is ShardingType.DATA_PARALLEL:
                 break  # every replica holds the same full block
+        if placement.hot_rows:  # the replica of the hot rows, on every rank
+            block = quantize(table.index_select(0, run.hot_ids[spec.name]), spec.dtype)
+            for tensors in per_rank:
+                tensors.update(block_tensors(spec.name + HOT, block))
+    hot = {t.name: run.hot_ids[t.name].numpy() for t in plan.tables if t.hot_rows}
+    if hot:
+        write_hot_ids(folder / HOT_IDS_FILE, hot)
     for r, tensors in enumerate(per_rank):
         save_tensors(tensors, folder / rank_file(r))
     save_tensors(read_dense(run.step_dir), folder / DENSE_FILE)

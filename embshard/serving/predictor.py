@@ -28,8 +28,9 @@ from embshard.models.dlrm import DLRM
 from embshard.runtime.apply import apply_embedding_sharding
 from embshard.runtime.collection import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.comm import gather_header
-from embshard.serving.artifact import (DENSE_FILE, ArtifactError, ModelInfo, rank_blocks, rank_file, read_manifest,
-                                       read_model, read_plan, read_tensors)
+from embshard.runtime.hot_rows import HOT
+from embshard.serving.artifact import (DENSE_FILE, ArtifactError, ModelInfo, rank_blocks, rank_file, read_hot_ids,
+                                       read_manifest, read_model, read_plan, read_tensors)
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.runtime.quantized import STORED_DTYPE
@@ -71,6 +72,7 @@ class Predictor:
         try:
             manifest = read_manifest(folder, world_size)
             info, plan = read_model(folder, manifest), read_plan(folder, manifest)
+            hot_ids = read_hot_ids(folder, manifest) if any(t.hot_rows for t in plan.tables) else None
             dense = read_tensors(folder, manifest, DENSE_FILE)
             blocks = rank_blocks(read_tensors(folder, manifest, rank_file(rank)))
             _check_blocks(blocks, plan, info, rank, folder / rank_file(rank))
@@ -82,7 +84,7 @@ class Predictor:
             raise ArtifactError(merge_rank_errors(errors))
         # the unsharded tables are never allocated: sharded ones replace them
         model = DLRM(info.model, info.specs, info.num_dense, embedding_device="meta")
-        model = apply_embedding_sharding(model, plan, pg, None, device)
+        model = apply_embedding_sharding(model, plan, pg, None, device, hot_ids)
         _load_dense(model, dense, folder / DENSE_FILE, device)
         for collection in _collections(model):
             collection.load_quantized({s.name: blocks[s.name] for s in collection.specs if s.name in blocks})
@@ -108,7 +110,7 @@ class Predictor:
         if feature not in self.schema.sparse_features:  # every rank has the same feature: all raise
             raise ValueError(f"lookup: unknown feature {feature!r}; features are {list(self.schema.sparse_features)}")
         collection = self.model.sequence if feature in self.schema.sequence_features else self.model.sparse
-        names = collection.routing.feature_names
+        names = (collection.hot or collection.routing).feature_names  # the caller's features (not F@hot)
         ids = ids.reshape(-1).to(self.device, torch.int64)
         # one bag of one id per requested id in this feature; the collection's other features get empty bags
         lengths = torch.zeros(len(names), ids.numel(), dtype=torch.int64, device=self.device)
@@ -167,15 +169,17 @@ def _check_blocks(blocks: Mapping[str, tuple[Tensor, Tensor | None]], plan: Shar
         if spec is None:
             raise ArtifactError(f"{path.parent}: plan.json places table {t.name!r}, which model.json does not have; "
                                 "export the artifact again")
-        mine = [s for s in t.shards if s.rank == rank or t.sharding_type is ShardingType.DATA_PARALLEL][:1]
-        if not mine:
-            continue
-        shard, block = mine[0], blocks.get(t.name)
-        want = (STORED_DTYPE[spec.dtype], (shard.num_rows, shard.num_cols))
-        if block is None or (block[0].dtype, tuple(block[0].shape)) != want or (block[1] is None) != (spec.dtype != "int8"):
-            got = "nothing" if block is None else f"{block[0].dtype} {list(block[0].shape)}"
-            raise ArtifactError(f"{path}: table {t.name!r} should hold a {spec.dtype} block of {want[1][0]}x{want[1][1]}, "
-                                f"found {got}; export the artifact again")
+        mine = [(t.name, s.num_rows, s.num_cols) for s in t.shards
+                if s.rank == rank or t.sharding_type is ShardingType.DATA_PARALLEL][:1]
+        if t.hot_rows:  # the hot rows' replica, on every rank
+            mine.append((t.name + HOT, t.hot_rows, spec.embedding_dim))
+        for name, rows, cols in mine:
+            block = blocks.get(name)
+            want = (STORED_DTYPE[spec.dtype], (rows, cols))
+            if block is None or (block[0].dtype, tuple(block[0].shape)) != want or (block[1] is None) != (spec.dtype != "int8"):
+                got = "nothing" if block is None else f"{block[0].dtype} {list(block[0].shape)}"
+                raise ArtifactError(f"{path}: table {name!r} should hold a {spec.dtype} block of {rows}x{cols}, "
+                                    f"found {got}; export the artifact again")
 
 
 def _load_dense(model: nn.Module, dense: Mapping[str, Tensor], path: Path, device: torch.device) -> None:

@@ -1,16 +1,24 @@
 """The run's sharding plan: planned (or loaded from ``plan_file``) once on rank 0, shared with
-every rank as JSON, reported, and saved beside the run's other outputs."""
+every rank as JSON, reported, and saved beside the run's other outputs. The planner keeps at
+least the dense layers' memory free on every rank (`planning_topology`; their optimizer state
+divided over the ranks under ``optim.sharded_update``)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from embshard import planner
+from embshard.data.batch import NUM_DENSE
+from embshard.models.dlrm import DLRM
+from embshard.planner.cost.dense import dense_bytes_per_rank, reserve_dense, state_floats
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.report import rank_table, save_chart, summary
+from embshard.topology import Topology
 from embshard.train.config import TrainSettings
 from embshard.launch.distributed import RankContext, on_main
 
@@ -24,7 +32,7 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
             check_plan_file(plan, settings, ctx.world_size)
         else:
             p = settings.planner
-            plan = planner.plan(settings.specs, settings.topology, settings.constraints, time_budget_s=p.time_budget_s,
+            plan = planner.plan(settings.specs, planning_topology(settings), settings.constraints, time_budget_s=p.time_budget_s,
                                 use_ilp=p.use_ilp, ilp_time_s=p.ilp_time_s, torchrec_compatible=p.torchrec_compatible,
                                 comms=p.comms)
         return plan.to_json(), time.perf_counter() - t0
@@ -35,6 +43,19 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
         console.print(rank_table(plan))
         console.print(summary(plan, None if settings.plan_file else planning_s), markup=False, highlight=False)
     return plan
+
+
+def planning_topology(settings: TrainSettings) -> Topology:
+    """The run's topology with at least its dense layers' bytes reserved on every rank (embshard.planner.cost.dense)."""
+    with torch.device("meta"):  # sizes only: nothing is allocated
+        model = DLRM(settings.model, settings.specs, NUM_DENSE, embedding_device="meta")
+    embedding = {id(p) for m in model.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                 for p in m.parameters()}
+    numels = [p.numel() for p in model.parameters() if id(p) not in embedding]
+    dense = settings.optim.dense
+    topology = settings.topology
+    return reserve_dense(topology, dense_bytes_per_rank(numels, state_floats(dense.name, dense.momentum), topology.world_size,
+                                                        settings.optim.sharded_update))
 
 
 def save_plan(plan: ShardingPlan, out_dir: Path) -> None:

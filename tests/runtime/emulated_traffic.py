@@ -1,5 +1,5 @@
-"""Run by torchrun on emulated hosts: two traffic cases of rt_traffic.py (one pooled, one
-sequence), each rank's counted and predicted bytes written to $OUT/rank<R>.json."""
+"""Run by torchrun on emulated hosts: three traffic cases of rt_traffic.py (one pooled, one
+sequence, one with hot rows), each rank's counted and predicted bytes written to $OUT/rank<R>.json."""
 
 import json
 import os
@@ -16,6 +16,6 @@ import rt_traffic  # noqa: E402
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 cases = rt_traffic.cases(dist.get_world_size())
-results = {name: cases[name](dist.group.WORLD) for name in ("traffic-pooled-0", "traffic-sequence-1")}
+results = {name: cases[name](dist.group.WORLD) for name in ("traffic-pooled-0", "traffic-sequence-1", "traffic-hot-sequence-1")}
 Path(os.environ["OUT"], f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
 dist.destroy_process_group()

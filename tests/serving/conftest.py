@@ -2,7 +2,8 @@
 
 `trained_run`: `embshard-train` on 2 gloo ranks for 200 steps (about 30 s) on a planted-signal
 synthetic set with SERVING_TABLES (pooled tables, one of them with bags of ~3 ids) and a
-user-history feature (sequence table ``item``); returns its out_dir (config.yaml, plan.json,
+user-history feature (sequence table ``item``), from a plan file with hot rows (HOT_ROWS: t0
+and item row-wise, their hottest rows replicated); returns its out_dir (config.yaml, plan.json,
 checkpoints/step_000200). `artifact(dtype, world_size)`: that run exported as embshard-export
 does it (`embshard.serving.export.export`, in this process: no start-up cost; test_export.py
 runs the command line), cached per argument pair; returns the artifact folder. Two-rank
@@ -31,6 +32,7 @@ TRAIN_ARGS = ["tables=serving_tiny", "model.bottom_mlp=[16,8]", "model.top_mlp=[
               "model.sequence.enabled=true", "model.sequence.num_items=100", "model.sequence.max_history_length=6",
               "data.signal=3", "launcher.nproc=2", "launcher.collective_timeout_s=60", "steps=200",
               "topology.batch_size_per_rank=128", "eval.every_steps=0", "eval.num_samples=1024"]
+HOT_ROWS = {"t0": 40, "item": 10}  # the run's hot rows; artifacts keep them where they shard these tables
 TIMEOUT_S = 300
 NUM_SAMPLES = 4096  # held-out samples the tests score
 # The 2-rank artifacts' layout: every way a table travels (the planner alone would replicate these small tables).
@@ -45,13 +47,41 @@ def run_cli(args: list[str], timeout_s: float = TIMEOUT_S) -> subprocess.Complet
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def hot_row_plan(root: Path) -> Path:
+    """A 2-rank training plan of the run's tables: HOT_ROWS' tables row-wise with hot rows (ranked by a seeded
+    permutation in root/hot_ids.npz), the others data-parallel; returns its path."""
+    import dataclasses
+
+    import numpy as np
+    import yaml
+
+    from embshard import planner
+    from embshard.models.config import DLRMConfig, SequenceConfig
+    from embshard.stats.hot_ids import write_hot_ids
+    from embshard.topology import Topology
+    from embshard.train.config import run_specs
+
+    model = DLRMConfig(bottom_mlp=(16, 8), top_mlp=(16, 1), sequence=SequenceConfig(enabled=True, num_items=100,
+                                                                                    max_history_length=6))  # TRAIN_ARGS
+    specs = run_specs(yaml.safe_load(SERVING_TABLES)["tables"], model, None)
+    topology = Topology(world_size=2, local_world_size=2, device="cpu", batch_size_per_rank=128)
+    layout = {s.name: ("row_wise" if s.name in HOT_ROWS else "data_parallel", (0, 1)) for s in specs}
+    placements = [dataclasses.replace(t, hot_rows=HOT_ROWS.get(t.name, 0))
+                  for t in planner.manual_plan(specs, topology, layout).tables]
+    rng = np.random.default_rng(0)
+    write_hot_ids(root / "hot_ids.npz", {s.name: rng.permutation(s.num_embeddings) for s in specs if s.name in HOT_ROWS})
+    planner.evaluate(specs, topology, placements, hot_ids_file=str(root / "hot_ids.npz")).save(root / "plan.json")
+    return root / "plan.json"
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("serving_run")
     (root / "configs" / "tables").mkdir(parents=True)
     (root / "configs" / "tables" / "serving_tiny.yaml").write_text(SERVING_TABLES)
     out = root / "run"
-    done = run_cli(["embshard-train", f"--config-dir={root / 'configs'}", *TRAIN_ARGS, f"out_dir={out}"])
+    done = run_cli(["embshard-train", f"--config-dir={root / 'configs'}", *TRAIN_ARGS, f"plan_file={hot_row_plan(root)}",
+                    f"out_dir={out}"])
     assert done.returncode == 0, f"embshard-train failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return out
 

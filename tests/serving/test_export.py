@@ -9,11 +9,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
-from conftest import BIN
-from embshard.serving.artifact import MANIFEST, ArtifactError, read_manifest, sha256_file, verified_bytes
+from conftest import BIN, HOT_ROWS
+from embshard.serving.artifact import MANIFEST, ArtifactError, read_hot_ids, read_manifest, sha256_file, verified_bytes
 from embshard.serving.export import ExportSettings, export
 from embshard.train import checkpoint
 
@@ -33,7 +35,7 @@ def test_artifact_lists_every_file_with_its_checksum(artifact):
     folder = artifact("int8", 2)
     manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["world_size"] == 2
-    assert sorted(manifest["files"]) == ["dense.safetensors", "model.json", "plan.json", "rank_0.safetensors",
+    assert sorted(manifest["files"]) == ["dense.safetensors", "hot_ids.npz", "model.json", "plan.json", "rank_0.safetensors",
                                          "rank_1.safetensors"]
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == sha256_file(folder / name), name
@@ -43,6 +45,43 @@ def test_artifact_lists_every_file_with_its_checksum(artifact):
     assert {t["dtype"] for t in model["tables"]} == {"int8"}
     with pytest.raises(ArtifactError, match="planned for 2 rank"):
         read_manifest(folder, 3)
+
+
+def test_hot_rows_of_the_run_are_replicas_on_every_rank(artifact, reference, trained_run, tmp_path):
+    """The run trained with hot rows (conftest.HOT_ROWS): where the serving plan shards those tables, every rank
+    file holds NAME@hot, the checkpoint's rows at the run's sorted hot ids, and hot_ids.npz those ids; split=true
+    (every row on one rank only) and whole-table replicas keep none."""
+    folder = artifact("fp32", 2)
+    ranking = np.load(trained_run.parent / "hot_ids.npz")  # what the run trained with (conftest.hot_row_plan)
+    with np.load(folder / "hot_ids.npz", allow_pickle=False) as npz:
+        assert sorted(npz.files) == sorted(HOT_ROWS)
+        for name, h in HOT_ROWS.items():
+            ids = np.sort(ranking[name][:h])
+            assert np.array_equal(npz[name], ids), name
+            for r in range(2):
+                rows = load_file(folder / f"rank_{r}.safetensors")[f"{name}@hot.weight"]
+                assert torch.equal(rows, reference["tables"][name][torch.from_numpy(ids)]), (name, r)
+    split = export(ExportSettings(checkpoint=trained_run, out=tmp_path / "split", split=True, time_budget_s=0.5))
+    assert not (split / "hot_ids.npz").exists()
+    assert not any("@hot" in k for r in range(2) for k in load_file(split / f"rank_{r}.safetensors"))
+
+
+def test_missing_hot_ids_are_refused_naming_the_file(trained_run, artifact, tmp_path):
+    """The run's plan names a hot-ids file that is gone: export refuses, writing nothing; an artifact whose plan has
+    hot rows but whose manifest lists no hot_ids.npz does not load."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    plan = json.loads((copy / "plan.json").read_text())
+    plan["hot_ids_file"] = str(tmp_path / "gone.npz")
+    (copy / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match="gone.npz"):
+        export(ExportSettings(checkpoint=copy, out=tmp_path / "out", time_budget_s=0.2))
+    assert leftovers(tmp_path) == ["run"]
+    folder = artifact("fp32", 2)
+    manifest = read_manifest(folder, 2)
+    del manifest["files"]["hot_ids.npz"]
+    with pytest.raises(ArtifactError, match="hot_ids.npz"):
+        read_hot_ids(folder, manifest)
 
 
 def test_a_changed_file_is_refused_by_name(artifact, tmp_path):

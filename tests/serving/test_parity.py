@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torchmetrics.functional.classification import binary_auroc
 
+from conftest import HOT_ROWS
 from embshard.ports import free_port
 from predict_worker import SMALL_BATCH, rank_cuts
 
@@ -96,6 +97,8 @@ def table_rows(served: dict, dtype: str, feature: str) -> torch.Tensor:
 def test_fp32_predictions_equal_the_trained_model(served, reference, artifact):
     plan = json.loads((artifact("fp32", WORLD_SIZE) / "plan.json").read_text())
     assert {t["sharding_type"] for t in plan["tables"]} == {"row_wise", "table_wise", "column_wise", "data_parallel"}
+    # the run trained with hot rows (conftest.HOT_ROWS); the artifact keeps them on the tables it shards row-wise
+    assert {t["name"]: t.get("hot_rows", 0) for t in plan["tables"] if t.get("hot_rows")} == HOT_ROWS, plan["tables"]
     got, want = scores(served, "fp32"), reference["scores"]
     n = len(reference["samples"].labels)
     assert n == 4096 and got.shape == (n,)
