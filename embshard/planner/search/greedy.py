@@ -26,7 +26,7 @@ class Unplaceable(Exception):
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float]) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
     by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
@@ -36,6 +36,9 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     if cv.data_parallel:
         return ()
     order = cv.largest_first
+    if after and by_cost:
+        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]])
+        costs = state.costs_after(cv.shard_vec[order[0]])
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete

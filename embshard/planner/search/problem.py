@@ -367,6 +367,17 @@ class RankState:
             work, c = work[idx], c[idx]
         return idx[np.lexsort((work, c))].tolist()
 
+    def costs_after(self, vec) -> np.ndarray:
+        """Every rank's cost if a shard with vector vec came to it (kernel calls left out)."""
+        h, u = self.Hn, self.U
+        return (np.maximum(h[:, 0] + vec[0], u[0]) + np.maximum(h[:, 1] + vec[1], u[1]) + np.maximum(h[:, 2] + vec[2], u[2])
+                + h[:, 3] + (vec[3] + self.E))
+
+    def by_cost_after(self, ranks: list[int], vec) -> list[int]:
+        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order)."""
+        idx = np.asarray(ranks, dtype=np.int64)
+        return idx[np.argsort(self.costs_after(vec)[idx], kind="stable")].tolist()
+
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
                 and (not extra_host_bytes or self.host[r] + extra_host_bytes <= self.problem.host_cap_bytes))
