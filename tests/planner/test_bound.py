@@ -80,6 +80,7 @@ def test_bound_is_below_the_exhaustive_optimum(seed, monkeypatch):
     best = _optimum(problem)
     for rows in (0, 1, 10**6):  # no unit, one per ordering and phase set (of 3: the choice matters), every unit
         monkeypatch.setattr(bound, "PHASE_ROW_UNITS", rows)
+        monkeypatch.setattr(bound, "SHARDED_ROW_UNITS", rows)
         value, exact = lower_bound_ms(problem)
         assert exact and 0.5 * best < value <= best * (1 + 1e-9)
     assert quick_bound_ms(problem) <= best * (1 + 1e-9)
@@ -93,6 +94,7 @@ def test_largest_shard_rows_cover_small_tables_the_lp_replicates_in_part(monkeyp
     topo = Topology(world_size=128, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
     problem = build_problem(specs, topo, Constraints())
     monkeypatch.setattr(bound, "PHASE_ROW_UNITS", 32)
+    monkeypatch.setattr(bound, "SHARDED_ROW_UNITS", 32)
     value = lower_bound_ms(problem)[0]
     monkeypatch.setattr(bound, "PHASE_ROW_UNITS", 10**6)
     assert value == pytest.approx(lower_bound_ms(problem)[0], rel=1e-6) and value > 2.27
