@@ -21,7 +21,8 @@ Without --torchrec the default sizes take about 3 minutes on a quiet 2-core mach
 
 Writes the markdown table (machine, date, commits, load average before and after), a log-log
 PNG of process CPU time and peak RSS against tables x ranks with fitted exponents (beside
-the markdown, same name .png), and prints progress.
+the markdown, same name .png), the exponents of planning time and plan size too (the process
+times include about 2.5 s of imports; planning time is capped by the budget), and prints progress.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def chart(rows: list[dict], path: Path) -> dict[str, float | None]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fits = {}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -141,10 +143,15 @@ def chart(rows: list[dict], path: Path) -> dict[str, float | None]:
             ax.plot(x, y, style, label=f"{side} (~size^{k:.2f})" if k is not None else side)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # on a narrow range the labels of 2x, 3x, ... overlapped
         ax.set_xlabel("tables x ranks")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    for key in ("planning_s", "plan_mib"):  # fitted, not drawn: planning time is capped by the budget
+        for side in ("before", "after"):
+            pts = [(r["tables"] * r["ranks"], r[side].get(key)) for r in rows if r[side].get("rc") == 0]
+            fits[f"{side} {key}"] = fit_exponent([x for x, _ in pts], [y for _, y in pts])
     fig.suptitle("embshard-plan, whole process: before vs after")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
