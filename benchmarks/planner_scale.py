@@ -13,13 +13,16 @@ its peak RSS, the planning time the plan reports (search.wall_s), the plan file'
 the objective, bound and gap. `--torchrec` also runs TorchRec's EmbeddingShardingPlanner
 (benchmarks/planner_vs_torchrec.py's subprocess, killed after --torchrec-limit-s, default 10
 min) on each case: its wall time, its plan's objective under embshard's model with embshard's
-bound and gap, or "did not finish in 10 min"; it is slow (minutes per case from about 1,000
-tables: with the default sizes budget about 35 minutes).
+bound and gap, or "did not finish in 10 min". Sizes run in ascending order (tables x ranks), and
+once TorchRec misses the cap at one size the larger ones are not started ("not run: TorchRec
+exceeded the cap at a smaller size"), so the TorchRec side takes at most the time of the sizes it
+finishes plus one cap (here: 150 x 8 about 70 s, 500 x 64 minutes, 1,000 x 256 the cap).
 Without --torchrec the default sizes take about 3 minutes on a quiet 2-core machine.
 
 Writes the markdown table (machine, date, commits, load average before and after), a log-log
 PNG of process CPU time and peak RSS against tables x ranks with fitted exponents (beside
-the markdown, same name .png), and prints progress.
+the markdown, same name .png), the exponents of planning time and plan size too (the process
+times include about 2.5 s of imports; planning time is capped by the budget), and prints progress.
 """
 
 from __future__ import annotations
@@ -88,12 +91,29 @@ def run_torchrec_case(config_dir: Path, name: str, world_size: int, limit_s: flo
     result = run_torchrec(specs, topo, limit_s, int(limit_s * 0.8))
     row = {"process_wall_s": time.perf_counter() - t0}
     if result["status"] == "timeout":
-        return {**row, "status": f"did not finish in {limit_s / 60:g} min"}
+        return {**row, "status": f"did not finish in {limit_s / 60:g} min", "timed_out": True}
     if result["status"] != "ok":
         return {**row, "status": f"failed: {result.get('detail', result['status'])}"}
     plan = ShardingPlan.from_dict(result["plan"])
     return {**row, "status": f"ok ({result['num_proposals']} proposals, TorchRec's own rating {result['torchrec_rating_ms']:.4f} ms)",
             "planning_s": result["wall_s"], "objective_ms": plan.max_rank_ms, "bound_ms": plan.lower_bound_ms, "gap": plan.gap}
+
+
+def case_sizes(spec: str | None, huge: bool) -> list[tuple[int, int]]:
+    """(tables, ranks) from 'TABLESxRANKS,...' (None: SIZES; huge adds HUGE), smallest tables x ranks first
+    (TorchRec stops at the first size it cannot finish)."""
+    sizes = [tuple(int(v) for v in s.split("x")) for s in spec.split(",")] if spec else list(SIZES)
+    return sorted(sizes + (list(HUGE) if huge else []), key=lambda nw: (nw[0] * nw[1], nw))
+
+
+NOT_RUN = "not run: TorchRec exceeded the cap at a smaller size"
+
+
+def torchrec_case(config_dir: Path, name: str, world_size: int, limit_s: float, done: list[dict]) -> dict:
+    """`run_torchrec_case`, unless TorchRec missed its cap on a case of `done` (the smaller sizes)."""
+    if any(r.get("torchrec", {}).get("timed_out") or r.get("torchrec", {}).get("status") == NOT_RUN for r in done):
+        return {"status": NOT_RUN}
+    return run_torchrec_case(config_dir, name, world_size, limit_s)
 
 
 def fit_exponent(x: list[float], y: list[float]) -> float | None:
@@ -108,6 +128,7 @@ def chart(rows: list[dict], path: Path) -> dict[str, float | None]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fits = {}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -122,10 +143,15 @@ def chart(rows: list[dict], path: Path) -> dict[str, float | None]:
             ax.plot(x, y, style, label=f"{side} (~size^{k:.2f})" if k is not None else side)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # on a narrow range the labels of 2x, 3x, ... overlapped
         ax.set_xlabel("tables x ranks")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    for key in ("planning_s", "plan_mib"):  # fitted, not drawn: planning time is capped by the budget
+        for side in ("before", "after"):
+            pts = [(r["tables"] * r["ranks"], r[side].get(key)) for r in rows if r[side].get("rc") == 0]
+            fits[f"{side} {key}"] = fit_exponent([x for x, _ in pts], [y for _, y in pts])
     fig.suptitle("embshard-plan, whole process: before vs after")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -145,7 +171,9 @@ def markdown(rows: list[dict], meta: dict, fits: dict, png: Path) -> str:
         f"- before: {meta['base']}; after: {meta['head']}",
         f"- load average (1/5/15 min) before: {meta['load_before']}, after: {meta['load_after']}",
         f"- cases: `python -m embshard.workloads --num-tables N --sequence-fraction {SEQUENCE_FRACTION}` on W ranks "
-        f"(8 per host, 16 GiB, batch 128 per rank, cuda); planning budget {meta['budget_s']:g} s", "",
+        f"(8 per host, 16 GiB, batch 128 per rank, cuda); planning budget {meta['budget_s']:g} s",
+        *([f"- TorchRec: its EmbeddingShardingPlanner on each size in ascending order, killed after {meta['torchrec_limit_s'] / 60:g} min; "
+           "once it misses that cap, larger sizes are not started"] if any("torchrec" in r for r in rows) else []), "",
         "| tables x ranks | side | process wall s | process CPU s | planning s | peak RSS MiB | plan MiB | objective ms | bound ms | gap | method |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -185,9 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torchrec-limit-s", type=float, default=600.0)
     parser.add_argument("--markdown", type=Path, default=REPO / "benchmarks" / "results" / "planner_scale.md")
     args = parser.parse_args(argv)
-    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
-    if args.huge:
-        sizes += list(HUGE)
+    sizes = case_sizes(args.sizes, args.huge)
     from embshard.machine import cpu_model
     from embshard.workloads import generate_tables, tables_yaml
 
@@ -196,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "base": f"{args.base} ({git('rev-parse', '--short', args.base)})",
             "head": f"{git('rev-parse', '--short', 'HEAD')}" + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""),
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()), "budget_s": args.budget_s}
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()), "budget_s": args.budget_s,
+            "torchrec_limit_s": args.torchrec_limit_s}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -227,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
                              if x["rc"] == 0 else f", failed: {x.get('error')}"), flush=True)
                 if args.torchrec:
                     print(f"{n} tables x {w} ranks, TorchRec ...", end=" ", flush=True)
-                    row["torchrec"] = run_torchrec_case(config_dir, name, w, args.torchrec_limit_s)
+                    row["torchrec"] = torchrec_case(config_dir, name, w, args.torchrec_limit_s, rows)
                     print(row["torchrec"], flush=True)
                 rows.append(row)
         finally:

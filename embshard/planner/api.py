@@ -27,7 +27,7 @@ from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlace
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
-from embshard.planner.search.greedy import Unplaceable, default_order, greedy, replication_prepass
+from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
 from embshard.planner.search.local import local_search, rank_order_rows
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
@@ -153,7 +153,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
             clock.skip(f"{name} start (out of time)")
             continue
         try:
-            state = greedy(problem, order, replicate, clock.greedy_deadline)
+            state = greedy_retrying(problem, order, replicate, clock.greedy_deadline)
         except Unplaceable as e:
             failure = e
             state = None

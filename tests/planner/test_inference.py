@@ -12,9 +12,12 @@ from embshard.planner import plan
 from embshard.planner.api import PlanInfeasibleError, evaluate, placement_for
 from embshard.planner.cost.perf import data_parallel_perf
 from embshard.planner.enumerate import forward_only
-from embshard.planner.types import ShardingType
+from embshard.planner.search.greedy import default_order, greedy_retrying, largest_shard_needs, replication_prepass
+from embshard.planner.search.problem import build_problem
+from embshard.planner.types import Constraints, ShardingType
 from embshard.specs import TableSpec, load_tables_file
 from embshard.topology import Topology
+from embshard.workloads import generate_tables
 
 TOPO = Topology(world_size=2, local_world_size=2, hbm_gib=1.0, batch_size_per_rank=4, device="cpu")
 
@@ -97,3 +100,24 @@ def test_serving_prices_replicas_as_local_lookups_whatever_the_training_mode():
 
     assert served_ms(replicated, inference=True) == served_ms(TOPO, inference=True)
     assert forward_only(data_parallel_perf(spec, replicated)).total_ms > served_ms(TOPO, inference=True)
+
+
+def test_serving_plan_of_generated_tables_fits_where_the_training_plan_does():
+    """100 generated tables on 64 x 16 GiB: serving replicas are cheap, so both greedy starts replicated
+    until a 2 GiB table (table-wise only: too small in time to split) fitted no rank, and the plan was
+    infeasible though the training plan fits. The replication prepass keeps room for the largest shard
+    still to place, a replica in the greedy pass leaves it on the emptiest rank, and a unit that fits
+    nowhere goes first in another pass."""
+    specs = generate_tables(100, seed=0)
+    topo = Topology(world_size=64, local_world_size=8, hbm_gib=16)
+    problem = build_problem(specs, topo, Constraints(), inference=True)
+    needs = largest_shard_needs(problem)
+    replicas = replication_prepass(problem)
+    replica_bytes = sum(problem.units[u].cands[c].every_mem for u, c in replicas.items())
+    assert replica_bytes + max(n for u, n in enumerate(needs) if u not in replicas) <= problem.free_bytes  # was 13.0 of 14.4 GiB
+    for start in (replicas, None):  # both starts place every table (each raised Unplaceable for t0038)
+        state = greedy_retrying(problem, default_order(problem), start)
+        assert all(c is not None for c in state.choice)
+    served = plan(specs, topo, time_budget_s=2, inference=True)
+    assert max(r.storage.total_bytes for r in served.ranks) <= topo.shard_memory_cap_bytes
+    assert served.max_rank_ms < plan(specs, topo, time_budget_s=2).max_rank_ms  # forward only: cheaper than training

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,10 +17,10 @@ from embshard.planner import Constraints, PlanInfeasibleError, ShardingType, Tab
 from embshard.planner.api import placements_of
 from embshard.planner.cost.storage import holder_storage
 from embshard.planner.search.bound import lower_bound_ms
-from embshard.planner.search.greedy import default_order, greedy
+from embshard.planner.search.greedy import default_order, greedy, place
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.local import local_search, rank_order_rows
-from embshard.planner.search.problem import build_problem
+from embshard.planner.search.problem import RankState, build_problem
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
 from embshard.workloads import generate_tables
@@ -326,3 +327,23 @@ def test_local_search_reshards_when_the_maximum_falls_though_the_smooth_maximum_
     start = greedy(problem, default_order(problem), replication_prepass(problem))
     state, steps = local_search(start, float("inf"))
     assert max(state.costs()) < 0.95 * 2.6829 and 14 < steps < 1000
+
+
+def test_shards_go_to_the_rank_cheapest_after_they_come():
+    # rank 0 is cheaper now, but its output all-to-all already reaches the requester side U: a shard's output
+    # costs it in full there and is hidden on rank 1 (re-sharding and moves rank destinations so; they took rank 0)
+    spec = TableSpec("t", 1000, 64, pooling_factor=10.0)
+    problem = build_problem((spec,), Topology(world_size=2, local_world_size=2, hbm_gib=1), _tw_only([spec]))
+    cv = problem.units[0].cands[0]
+    v = cv.shard_vec[0]
+    state = RankState(problem)
+    U = 10 * max(v)
+    state.U = [0.0, U, U]
+    state.H = [[0.0, U, U, 0.0], [0.0, 0.0, 0.0, v[1] / 2]]
+    state.Hn = np.array(state.H)
+    costs = state.costs()
+    assert costs[0] < costs[1]
+    assert state.by_cost_after([0, 1], v) == [1, 0]
+    assert place(state, problem.units[0], cv, [0, 1], costs) == (0,)  # the cheapest rank now
+    assert place(state, problem.units[0], cv, [0, 1], costs, after=True) == (1,)
+    assert state.cost_array_with(0, 0, (1,))[1] < state.cost_array_with(0, 0, (0,))[0]  # the rank that takes it ends lower

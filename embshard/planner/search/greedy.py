@@ -17,6 +17,7 @@ from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
 HOSTS_TRIED = 2  # host-bound layouts: hosts that fit and are compared
+RETRIES = 4  # greedy passes in all when a unit fits nowhere (each puts the unit that failed first)
 
 
 class Unplaceable(Exception):
@@ -25,7 +26,7 @@ class Unplaceable(Exception):
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float]) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
     by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
@@ -35,6 +36,9 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     if cv.data_parallel:
         return ()
     order = cv.largest_first
+    if after and by_cost:
+        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]])
+        costs = state.costs_after(cv.shard_vec[order[0]])
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete
@@ -108,11 +112,20 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
     return tuple(out)
 
 
+def largest_shard_needs(problem: Problem) -> list[int]:
+    """Per unit, the bytes one rank must have free for it at the least: its smallest largest shard
+    (a replica needs that much on every rank, so it counts too)."""
+    return [min(max(cv.shard_mem, default=0) + cv.every_mem for cv in u.cands) for u in problem.units]
+
+
 def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,
            deadline: float = float("inf")) -> RankState:
     """Place units in the given order; raises Unplaceable with the first unit that fits nowhere.
 
     replicate: units to make data-parallel first (unit -> its data-parallel candidate).
+    A replica must leave the emptiest rank room for the largest shard some unit still to place
+    needs (`largest_shard_needs`): replicas shrink every rank, and a table too big to split
+    (small tables are offered table-wise only) would fit nowhere.
     Past `deadline` each remaining unit compares only its one-shard candidates (table-wise,
     data-parallel; all when none fits), which are cheap to place; ``state.rushed`` counts those units.
     """
@@ -128,8 +141,13 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     tiers = problem.host_cap_bytes > 0
     min_mem = {u: min(sum(cv.shard_mem) + W * cv.every_mem for cv in problem.units[u].cands) for u in order}
     remaining_mem = sum(min_mem.values())
+    needs = largest_shard_needs(problem)
+    later_need = [0] * (len(order) + 1)  # later_need[i]: the largest need of the units after order[i]
+    for i in range(len(order) - 1, -1, -1):
+        later_need[i] = max(later_need[i + 1], needs[order[i]])
+    later_need = later_need[1:]
     total = 0.0
-    for ui in order:
+    for ui, need in zip(order, later_need):
         unit = problem.units[ui]
         remaining -= min_work[ui]
         remaining_mem -= min_mem[ui]
@@ -145,7 +163,8 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
                 pick = place(state, unit, cv, by_cost, costs)
                 # a replica (and, with host memory for tables, any layout) must leave HBM for the rest
                 if pick is None or ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + sum(state.mem)
-                                    + sum(cv.shard_mem) + remaining_mem > W * problem.cap_bytes):
+                                    + sum(cv.shard_mem) + remaining_mem > W * problem.cap_bytes) or (
+                        cv.every_mem and state.UM + cv.every_mem + min(state.mem) + need > problem.cap_bytes):
                     continue
                 shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
                 touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)
@@ -163,6 +182,21 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         state.add(ui, ci, pick)
         total += work
     return state
+
+
+def greedy_retrying(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,
+                    deadline: float = float("inf"), tries: int = RETRIES) -> RankState:
+    """`greedy`, and when a unit fits nowhere, again with that unit first (the units placed before it
+    filled the room it needed), up to `tries` passes in all while before `deadline`; raises the last
+    Unplaceable."""
+    for _ in range(tries - 1):
+        try:
+            return greedy(problem, order, replicate, deadline)
+        except Unplaceable as e:
+            if time.perf_counter() > deadline:
+                raise
+            order = [e.unit_index] + [u for u in order if u != e.unit_index]
+    return greedy(problem, order, replicate, deadline)
 
 
 def default_order(problem: Problem) -> list[int]:
@@ -196,9 +230,16 @@ def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, in
                 if saving > 0:
                     options.append((saving / max(cv.every_mem, 1), ui, ci, cv.every_mem, rest))
     budget = problem.free_bytes - headroom * rest_bytes / W
+    needs = largest_shard_needs(problem)
+    by_need = sorted(range(len(needs)), key=lambda u: -needs[u])  # the largest need of the units not chosen: the first of these not chosen
+    replicas_bytes, first = 0, 0
     chosen: dict[int, int] = {}
     for _, ui, ci, mem, rest in sorted(options, reverse=True):
-        if mem - headroom * rest / W <= budget:
+        while first < len(by_need) and by_need[first] in chosen:
+            first += 1
+        other = next((u for u in by_need[first:] if u != ui and u not in chosen), None)
+        if mem - headroom * rest / W <= budget and replicas_bytes + mem + (needs[other] if other is not None else 0) <= problem.free_bytes:
             chosen[ui] = ci
             budget -= mem - headroom * rest / W
+            replicas_bytes += mem
     return chosen

@@ -53,10 +53,10 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         if new_r >= cmax - EPS:
             continue
         tried = 0
-        for q in by_cost:
-            if tried >= NEAREST_RANKS or costs[q] >= cmax - EPS:
+        for q in state.by_cost_after(by_cost, v):
+            if tried >= NEAREST_RANKS:
                 break
-            if q == r or not _allowed(state, ui, si, r, q):
+            if q == r or costs[q] >= cmax - EPS or not _allowed(state, ui, si, r, q):
                 continue
             tried += 1
             if state.fits(q, m, cv.host_mem(si)):
@@ -165,7 +165,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         by_cost = state.cheapest_first(units[ui].ranks, base)
         best = None
         for ci, cv in enumerate(units[ui].cands):
-            pick = place(state, units[ui], cv, by_cost, base)
+            pick = place(state, units[ui], cv, by_cost, base, after=True)
             if pick is None:
                 continue
             new_costs = state.cost_array_with(ui, ci, pick)

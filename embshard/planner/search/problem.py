@@ -209,8 +209,9 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     """inference: forward-only costs and storage (serving; see embshard.planner.enumerate); hot_rows:
     offer hot-row replication to tables with a measured access curve.
 
-    Past `deadline`, tables still to enumerate are offered splits only if too big to keep
-    whole (``Problem.unsplit_for_time`` counts the others)."""
+    Once the tables still to enumerate would end past `deadline` (at the time tables offered no
+    splits took so far), they are offered splits only if too big to keep whole
+    (``Problem.unsplit_for_time`` counts the others)."""
     by_name = {s.name: s for s in specs}
     worthy, must_split, row_limit, tierable = _split_worthy(specs, topo, constraints, inference)
     if torchrec_compatible:  # row_wise only over all ranks
@@ -223,7 +224,8 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     kernels: dict[tuple, int] = {}
     kernel_index = (lambda key: kernels.setdefault(key, len(kernels))) if call_ms else None
     all_ranks = set(range(topo.world_size))
-    for tables in members:
+    unsplit_s, num_unsplit = 0.0, 0  # time enumerating tables offered no splits, and their count
+    for i, tables in enumerate(members):
         ranks = set(all_ranks)
         for t in tables:
             pinned = constraints.for_table(t.name).ranks
@@ -233,11 +235,16 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
             raise ValueError(f"constraints: tables {[t.name for t in tables]} are kept together but their pinned ranks do not overlap")
         if len(tables) == 1:
             splits = tables[0].name in worthy
-            if splits and tables[0].name not in must_split and time.perf_counter() > deadline:
+            start = time.perf_counter()
+            # the tables still to enumerate take at least what unsplit ones took so far: splits stop when those would end late
+            rest_s = (len(members) - i) * unsplit_s / max(num_unsplit, 1)
+            if splits and tables[0].name not in must_split and start + rest_s > deadline:
                 splits, unsplit_for_time = False, unsplit_for_time + 1
             cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
                 tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
                 row_limit.get(tables[0].name), tables[0].name in tierable, hot_rows))
+            if not splits:
+                unsplit_s, num_unsplit = unsplit_s + time.perf_counter() - start, num_unsplit + 1
         else:
             for t in tables:
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
@@ -366,6 +373,17 @@ class RankState:
         if len(idx) != len(c):
             work, c = work[idx], c[idx]
         return idx[np.lexsort((work, c))].tolist()
+
+    def costs_after(self, vec) -> np.ndarray:
+        """Every rank's cost if a shard with vector vec came to it (kernel calls left out)."""
+        h, u = self.Hn, self.U
+        return (np.maximum(h[:, 0] + vec[0], u[0]) + np.maximum(h[:, 1] + vec[1], u[1]) + np.maximum(h[:, 2] + vec[2], u[2])
+                + h[:, 3] + (vec[3] + self.E))
+
+    def by_cost_after(self, ranks: list[int], vec) -> list[int]:
+        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order)."""
+        idx = np.asarray(ranks, dtype=np.int64)
+        return idx[np.argsort(self.costs_after(vec)[idx], kind="stable")].tolist()
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
