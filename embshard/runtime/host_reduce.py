@@ -9,7 +9,8 @@ gradients reach each host's reducer once and fan out to the members inside the h
 Single-member groups and all other slots are sent directly, as before.
 
 `HostReduction` is static per collection: the groups, the sub-group of this rank's host
-(made once, here) and the layout of every message; index tensors are cached per batch sizes.
+(made once per process group, `embshard.runtime.comm.use_hosts`) and the layout of every
+message; index tensors are cached per batch sizes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embshard.planner.cost.traffic import reducers
-from embshard.runtime.comm import all_to_all_autograd
+from embshard.runtime.comm import all_to_all_autograd, host_groups
 from embshard.runtime.routing import Routing, Slot
 
 
@@ -45,12 +46,6 @@ def reduced_groups(routing: Routing, local_world_size: int) -> tuple[Group, ...]
                  for key, m in found.items() if len(m) > 1)
 
 
-def host_group(pg: dist.ProcessGroup, host: int, local_world_size: int) -> dist.ProcessGroup:
-    """The sub-group of ``pg``'s ranks on ``host`` (only that host's ranks call this)."""
-    ranks = dist.get_process_group_ranks(pg)[host * local_world_size:(host + 1) * local_world_size]
-    return dist.new_group(ranks, use_local_synchronization=True)
-
-
 class HostReduction:
     def __init__(self, routing: Routing, groups: tuple[Group, ...], local_world_size: int, pg: dist.ProcessGroup,
                  device: torch.device) -> None:
@@ -67,7 +62,9 @@ class HostReduction:
         self.my_groups = [g for g in groups if me in g.members]
         self.assigned = [[g for g in self.my_groups if g.reducer[w] == me] for w in range(W)]
         self.width_to = [len(self.direct_cols) + sum(g.num_cols for g in self.assigned[w]) for w in range(W)]
-        self.sub_pg = host_group(pg, self.host, L) if any(g.host == self.host for g in groups) else None
+        hosts = host_groups(pg)
+        assert hosts is not None and hosts.topology.local_world_size == L, "the collection makes the host sub-groups first (comm.use_hosts)"
+        self.sub_pg = hosts.local if any(g.host == self.host for g in groups) else None
         self._cache: dict[tuple[int, ...], tuple] = {}
 
     def blocks_from(self, source: int) -> list[Slot]:

@@ -66,7 +66,7 @@ class PooledOutputDist:
                  local_world_size: int | None = None) -> None:
         self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
-        local_world_size = local_world_size or routing.world_size  # None: one host
+        local_world_size = local_world_size or routing.world_size  # None: one host, or flat (topology.reduce_in_host off)
         # on one host nothing crosses hosts: summing in the host first would add an all-to-all and save no bytes
         groups = reduced_groups(routing, local_world_size) if local_world_size < routing.world_size else ()
         # row-wise partial sums reduced in each host first (host_reduce.py); else every slot travels as is
