@@ -30,6 +30,12 @@ def test_hierarchical_where_ranks_span_hosts_and_it_pays():
     slow_in_host = replace(two_hosts, intra_host_gb_per_s=1.0, collective_ms=0.01, inter_host_collective_ms=0.05)
     assert hierarchical_allreduce(100, slow_in_host) and hierarchical_allreduce(100 * MB, slow_in_host)
     assert runtime_allreduce_ms(100, slow_in_host) == pytest.approx(2 * 7 * 0.01 + 2 * 0.06 + 2 * 100 * 7 / 8 / 1e6, rel=1e-3)
+    # its own copies (3 x the buffer at the calibrated per-byte cost) can outweigh what it saves across hosts
+    gloo = Topology(world_size=4, local_world_size=2, device="cpu", full_duplex=False, intra_host_gb_per_s=2.7,
+                    inter_host_gb_per_s=0.5)
+    assert hierarchical_allreduce(10 * MB, gloo) and not hierarchical_allreduce(10 * MB, replace(gloo, dist_ns_per_byte=1.0))
+    assert runtime_allreduce_ms(10 * MB, replace(gloo, dist_ns_per_byte=0.1)) == pytest.approx(
+        hierarchical_allreduce_ms(10 * MB, gloo) + 3 * 10 * MB * 0.1e-6)
     for topo in (replace(two_hosts, reduce_in_host=False), replace(two_hosts, local_world_size=16),
                  replace(two_hosts, local_world_size=1)):
         assert not hierarchical_allreduce(100 * MB, topo)

@@ -54,23 +54,27 @@ def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     return 2 * _exchange_ms(in_host, in_host, topo) + _exchange_ms(across, across, topo)
 
 
-def _hierarchical_fixed_ms(topo: Topology) -> float:
-    """Two all-to-alls among the L ranks of a host, a ring (2 steps per peer) among H ranks on other hosts."""
+def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
+    """What the hierarchy costs beyond moving bytes: fixed costs of two all-to-alls among the L ranks of a
+    host and of a ring (2 steps per peer) among H ranks on other hosts; and its own copies (summing the
+    received parts, the all-gather's input and result: 3 x the buffer) at the calibrated per-byte copy
+    cost (dist_ns_per_byte), which gloo's ring does inside its one call."""
     L, H = topo.local_world_size, topo.num_hosts
-    return 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
+    fixed = 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
+    return fixed + 3 * num_bytes * topo.dist_ns_per_byte * 1e-6
 
 
 def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
     """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
-    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs included)."""
+    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs and copies included)."""
     if not topo.reduce_in_host or topo.num_hosts == 1 or topo.local_world_size == 1:
         return False
-    return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_fixed_ms(topo)
+    return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
             < flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2))
 
 
 def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
-    """Time of the all-reduce the runtime runs for num_bytes, fixed costs included."""
+    """Time of the all-reduce the runtime runs for num_bytes, fixed costs (and the hierarchy's copies) included."""
     if hierarchical_allreduce(num_bytes, topo):
-        return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_fixed_ms(topo)
+        return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
     return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)
