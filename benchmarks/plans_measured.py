@@ -100,6 +100,17 @@ def torchrec_plan(specs, topo: Topology, search_s: int) -> ShardingPlan:
 
 # ---- TorchRec DMP on local ranks ---------------------------------------------------------------
 def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
+                            timeout=datetime.timedelta(seconds=600))
+    Path(out_path).write_text(json.dumps(dmp_plans(json.loads(Path(job_path).read_text()), rank, time.process_time)))
+    dist.destroy_process_group()
+
+
+def dmp_plans(job: dict, rank: int, clock) -> list[float]:
+    """Each plan of the job through TorchRec's DMP on this rank (its process group made): median ms per
+    step by ``clock`` (time.process_time: CPU; time.perf_counter: wall)."""
     import torch
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -115,9 +126,6 @@ def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
     from embshard.interop.torchrec import to_torchrec_plan
 
     torch.set_num_threads(1)
-    job = json.loads(Path(job_path).read_text())
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
-                            timeout=datetime.timedelta(seconds=600))
     results = []
     for raw in job["plans"]:
         p = ShardingPlan.from_dict(raw)
@@ -140,21 +148,20 @@ def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
         dense_opt = RowWiseAdagrad(dense, lr=LR) if dense else None
         gen = torch.Generator().manual_seed(rank)
         batches = [synthetic_batch(p.specs, BATCH, gen) for _ in range(3)]
-        cpu = []
+        times = []
         for i in range(job["warmup"] + job["steps"]):
-            c0 = time.process_time()
+            c0 = clock()
             out = dmp(batches[i % 3])
             out.values().backward(torch.ones_like(out.values()))
             if dense_opt is not None:
                 dense_opt.step()
                 dense_opt.zero_grad()
             if i >= job["warmup"]:
-                cpu.append((time.process_time() - c0) * 1e3)
-        results.append(statistics.median(cpu))
+                times.append((clock() - c0) * 1e3)
+        results.append(statistics.median(times))
         del dmp
         dist.barrier()
-    Path(out_path).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    return results
 
 
 def measure_dmp(plans: list[ShardingPlan], steps: int, warmup: int) -> list[list[float]]:

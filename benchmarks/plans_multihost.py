@@ -28,7 +28,8 @@ slowest rank's. Inter-host bytes per step are counted by the runtime
 (`embshard.runtime.comm.counting_traffic`: the embedding collectives' inter-host bytes, sent +
 received, summed over ranks) beside the plan's predicted ``traffic_bytes``, and read from each
 host's link counters (veth0 tx + rx, every packet: warmup, set-up and barriers included).
-TorchRec's DMP is not run across hosts (see the results). Results: benchmarks/results/multihost.md
+TorchRec's plans of the pooled workloads also run through TorchRec's DMP in the first round's job (wall
+time per step; where it fails, the results say why). Results: benchmarks/results/multihost.md
 with the link settings, machine, date, commit and load, and --json.
 """
 
@@ -145,8 +146,16 @@ def rank_job(job_path: str, out_path: str) -> None:
         link = (_link_bytes() - before) / steps if first_of_host else None
         results.append({"wall_ms": measured.wall_ms["total_ms"], "cpu_ms": measured.cpu_ms["total_ms"], "link_bytes_per_step": link,
                         "counted_inter_host_bytes_per_step": (counter.bytes.inter_host_sent + counter.bytes.inter_host_received) / steps})
+    dmp: list[float] | str = []
+    if job["dmp_plans"]:  # TorchRec's plans through TorchRec's DMP, wall time per step
+        from plans_measured import dmp_plans
+
+        try:
+            dmp = dmp_plans({**job, "plans": job["dmp_plans"]}, dist.get_rank(), time.perf_counter)
+        except Exception as e:  # noqa: BLE001 -- recorded in the results: why TorchRec's DMP does not run here
+            dmp = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(results, gathered, dst=0)
+    dist.gather_object({"plans": results, "dmp": dmp}, gathered, dst=0)
     if dist.get_rank() == 0:
         Path(out_path).write_text(json.dumps(gathered))
     dist.destroy_process_group()
@@ -191,13 +200,16 @@ def run_multihost(args) -> dict:
         if name == "sequence_outputs":
             sections["wire"][name] = with_wire(plans["embshard"])
     keys = [(sec, n, k) for sec, cases in sections.items() for n in cases for k in cases[n]]
-    rounds = []
+    # TorchRec's DMP harness builds EmbeddingBagCollections: pooled workloads only
+    dmp_cases = [n for n, plans in sections["placement"].items() if "torchrec" in plans and all(s.pooled for s in plans["torchrec"].specs)]
+    rounds, dmp_rounds = [], []
     with tempfile.TemporaryDirectory(prefix="plans-multihost-") as tmp:
         for rnd in range(args.rounds):
             order = keys if rnd % 2 == 0 else keys[::-1]
             job = Path(tmp) / "job.json"
             job.write_text(json.dumps({"plans": [sections[s][n][k].to_dict() for s, n, k in order], "steps": args.steps,
-                                       "warmup": args.warmup}))
+                                       "warmup": args.warmup, "dmp_plans": [sections["placement"][n]["torchrec"].to_dict()
+                                                                           for n in dmp_cases] if rnd == 0 else []}))
             out = Path(tmp) / f"round{rnd}.json"
             print(f"round {rnd + 1}/{args.rounds}: {len(order)} plans on {H} emulated hosts x {L} ranks", flush=True)
             exits, _, shaping = run_torchrun(H, L, [str(Path(__file__).resolve()), "--rank-job", str(job), str(out)],
@@ -206,13 +218,20 @@ def run_multihost(args) -> dict:
             if any(e.returncode != 0 for e in exits):
                 logs = " | ".join((Path(tmp) / f"host{e.host}.log").read_text()[-1500:] for e in exits)
                 raise RuntimeError(f"round {rnd + 1}: hosts exited {[e.returncode for e in exits]}: {logs}")
-            per_rank = json.loads(out.read_text())  # [rank][plan in order]
-            rounds.append({key: [per_rank[r][i] for r in range(H * L)] for i, key in enumerate(order)})
+            per_rank = json.loads(out.read_text())  # [rank] -> plans: [plan in order], dmp: [case] or why not
+            rounds.append({key: [per_rank[r]["plans"][i] for r in range(H * L)] for i, key in enumerate(order)})
+            if rnd == 0:  # TorchRec's DMP in the first round only (the full run's time)
+                dmp_rounds.append([per_rank[r]["dmp"] for r in range(H * L)])
     result = {"hosts": H, "ranks_per_host": L, "link": shaping, "link_gbit": args.link_gbit, "inter_host_gb_per_s": inter,
               "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
               "load_start": load_start, "load_end": os.getloadavg(), "seconds": time.time() - t0, "date": today(),
               "cpu": cpu_model(), "cores": os.cpu_count(), "commit": _commit(), "torchrec_errors": torchrec_errors,
               **{sec: {n: {} for n in cases} for sec, cases in sections.items()}}
+    errors = sorted({d for rd in dmp_rounds for d in rd if isinstance(d, str)})
+    result["dmp"] = {"error": "; ".join(errors)} if errors else {
+        n: {"measured_max_rank_ms": statistics.median(max(d[i] for d in rd) for rd in dmp_rounds),
+            "measured_per_rank_ms": [statistics.median(rd[r][i] for rd in dmp_rounds) for r in range(H * L)]}
+        for i, n in enumerate(dmp_cases)}
     for sec, n, k in keys:
         p = sections[sec][n][k]
         got = [rd[(sec, n, k)] for rd in rounds]
@@ -270,7 +289,7 @@ def markdown(result: dict, command: str) -> str:
              f"profile {result['profile']}. Step = slowest rank's wall time per step (median of {result['steps']} steps), median of "
              f"{result['rounds']} rounds that alternate the order of all plans; inter-host bytes counted by the runtime's counter "
              "(embedding collectives, sent + received, all ranks) against the plan's `traffic_bytes`; link bytes = each host's veth "
-             "counters (sent + received) per step, set-up, warmup and barriers included. TorchRec's plan runs on embshard's runtime.",
+             "counters (sent + received) per step, set-up, warmup and barriers included. TorchRec's plan runs on embshard's runtime (and through TorchRec's DMP, below).",
              "", "### Placement", "", HEAD.format(what="workload / plan")]
     verdicts = []
     for name, e in result["placement"].items():
@@ -298,9 +317,19 @@ def markdown(result: dict, command: str) -> str:
         lines += [f"- {d}: inter-host bytes {e[d]['counted_inter_host_bytes_per_step'] / max(e['fp32']['counted_inter_host_bytes_per_step'], 1):.2f}x "
                   f"fp32's, step {e[d]['measured_max_rank_ms'] / e['fp32']['measured_max_rank_ms']:.2f}x fp32's" for d in e if d != "fp32"]
         lines.append("")
-    lines += ["TorchRec's DMP across the emulated hosts is not run: plans_measured.py's DMP harness starts its ranks on one "
-              "host (tcp://127.0.0.1) and times CPU, not wall; running it under torchrun in the namespaces needs a rank job of "
-              "its own, not written yet.", ""]
+    dmp = result["dmp"]
+    lines += ["### TorchRec's plan through TorchRec's DMP", "",
+              "The first round's torchrun job also runs TorchRec's plans of the pooled workloads through TorchRec's "
+              "DistributedModelParallel (gloo, CPU; plans_measured.dmp_plans, wall time per step, one round; its "
+              "EmbeddingCollection does not run on CPU with data-parallel tables, so sequence_outputs is left out).", ""]
+    if "error" in dmp:
+        lines += [f"TorchRec's DMP did not run across the emulated hosts: {dmp['error']}", ""]
+    else:
+        lines += [f"- {n}: TorchRec's plan on TorchRec's DMP {d['measured_max_rank_ms']:.1f} ms (slowest rank; per rank "
+                  f"{' / '.join(f'{v:.0f}' for v in d['measured_per_rank_ms'])}), on embshard's runtime "
+                  f"{result['placement'][n]['torchrec']['measured_max_rank_ms']:.1f} ms; embshard's plan on embshard's runtime "
+                  f"{result['placement'][n]['embshard']['measured_max_rank_ms']:.1f} ms" for n, d in dmp.items()]
+        lines.append("")
     return "\n".join(lines)
 
 

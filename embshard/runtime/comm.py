@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -109,26 +109,26 @@ class HostGroups:
     across: dist.ProcessGroup  # the ranks of this rank's local index, one per host
 
 
-_host_groups: "weakref.WeakKeyDictionary[dist.ProcessGroup, HostGroups]" = weakref.WeakKeyDictionary()
+_subgroups: "weakref.WeakKeyDictionary[dist.ProcessGroup, dict]" = weakref.WeakKeyDictionary()  # pg -> L -> (local, across)
+_host_groups: "weakref.WeakKeyDictionary[dist.ProcessGroup, HostGroups]" = weakref.WeakKeyDictionary()  # in use
 
 
 def use_hosts(pg: dist.ProcessGroup, topology: Topology) -> HostGroups | None:
-    """The host sub-groups of ``pg`` for ``topology`` (made on first use, on every rank at the same
-    point: a collection's constructor), or None where nothing runs in the host first (one host,
-    one rank per host, or ``topology.reduce_in_host`` off)."""
+    """The host sub-groups of ``pg`` for ``topology`` (made once per group and ranks per host, on every
+    rank at the same point: a collection's constructor), or None where nothing runs in the host first
+    (one host, one rank per host, or ``topology.reduce_in_host`` off)."""
     L = topology.local_world_size
     if not topology.reduce_in_host or topology.num_hosts == 1 or L == 1:
         _host_groups.pop(pg, None)
         return None
-    known = _host_groups.get(pg)
-    if known is None or known.topology.local_world_size != L:
+    made = _subgroups.setdefault(pg, {})
+    if L not in made:
         ranks, me = dist.get_process_group_ranks(pg), dist.get_rank(pg)
         host, index = divmod(me, L)
         # made in the same order on every rank: names of locally synchronised groups count the groups a rank has
-        local = dist.new_group(ranks[host * L:(host + 1) * L], use_local_synchronization=True)
-        across = dist.new_group(ranks[index::L], use_local_synchronization=True)
-        known = HostGroups(topology, local, across)
-    _host_groups[pg] = replace(known, topology=topology)
+        made[L] = (dist.new_group(ranks[host * L:(host + 1) * L], use_local_synchronization=True),
+                   dist.new_group(ranks[index::L], use_local_synchronization=True))
+    _host_groups[pg] = HostGroups(topology, *made[L])
     return _host_groups[pg]
 
 
