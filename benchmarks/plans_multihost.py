@@ -1,11 +1,12 @@
 """plans_measured.py's multi-host mode: plans on H emulated hosts x L ranks joined by a slow link.
 
-    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # 5-6 min, 2 cores
+    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # 5-6.5 min, 2 cores
     sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # ~2 min check
 
 The full run: planning (embshard 10 s, TorchRec's planner up to 20 s, per workload), then 3 rounds of
-13 plans (6 steps + 1 warmup each; setting up a plan's collections costs more than its steps);
-measured parts of it at load ~8 on 2 cores: 5 full-size plans of one workload, 4 steps each, 45 s.
+13 plans (6 steps + 1 warmup each; setting up a plan's collections costs more than its steps), the first
+with TorchRec's DMP on 2 more. Measured parts of it at load ~8 on 2 cores: 5 full-size plans of one
+workload, 4 steps each, 45 s with planning; --quick (every part, tiny tables) 2 min at load 14.
 
 Three workloads of its own (`workloads`), each a case where placement across hosts decides:
 "big_pooled" (two wide pooled tables, four features each, whose outputs are megabytes per
@@ -48,7 +49,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 QUICK = {"steps": 2, "warmup": 1, "rounds": 1, "embshard_budget_s": 1.0, "torchrec_search_s": 3, "scale": 0.02}
-PLANNERS = ("embshard", "torchrec", "greedy")
 
 
 def workloads(scale: float = 1.0):
@@ -289,7 +289,8 @@ def markdown(result: dict, command: str) -> str:
              f"profile {result['profile']}. Step = slowest rank's wall time per step (median of {result['steps']} steps), median of "
              f"{result['rounds']} rounds that alternate the order of all plans; inter-host bytes counted by the runtime's counter "
              "(embedding collectives, sent + received, all ranks) against the plan's `traffic_bytes`; link bytes = each host's veth "
-             "counters (sent + received) per step, set-up, warmup and barriers included. TorchRec's plan runs on embshard's runtime (and through TorchRec's DMP, below).",
+             "counters (sent + received) per step, set-up, warmup and barriers included. TorchRec's plan runs on embshard's "
+             "runtime (and through TorchRec's DMP, below).",
              "", "### Placement", "", HEAD.format(what="workload / plan")]
     verdicts = []
     for name, e in result["placement"].items():
