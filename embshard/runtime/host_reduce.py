@@ -23,6 +23,7 @@ from torch import Tensor
 
 from embshard.planner.cost.traffic import reducers
 from embshard.runtime.comm import all_to_all_autograd, host_groups
+from embshard.runtime.permute import Permute, inverse_permutation
 from embshard.runtime.routing import Routing, Slot
 
 
@@ -78,8 +79,11 @@ class HostReduction:
         return self.col_start[g.slot_index[g.members.index(self.routing.rank)]]
 
     def _indices(self, batch_sizes: tuple[int, ...]):
-        """(stage-1 send index into X, its splits, receive splits, Y index of every received float,
-        Y size, stage-2 send index into [X, Y], its splits), for these batch sizes."""
+        """For these batch sizes: (X's permutation into [stage-1 message, direct floats] and its inverse,
+        stage-1 send splits, receive splits, Y index of every received float, Y size, the permutation of
+        [direct floats, Y] into the stage-2 message and its inverse, its splits). Every float of X is sent
+        exactly once, in stage 1 (grouped slots, to their reducer) or stage 2 (direct slots); every float
+        of Y once, in stage 2: gathers by permutations, whose backward needs no zero-filled scatter."""
         if batch_sizes in self._cache:
             return self._cache[batch_sizes]
         me, W, dev = self.routing.rank, self.routing.world_size, self.device
@@ -113,25 +117,30 @@ class HostReduction:
             out1.append(n)
         x_size = sum(batch_sizes) * self.my_width
         direct = torch.tensor(self.direct_cols, dtype=torch.int64, device=dev)
-        send2 = []
+        nd = len(self.direct_cols)
+        direct_x = (torch.arange(sum(batch_sizes), device=dev).unsqueeze(1) * self.my_width + direct).reshape(-1)
+        send2 = []  # into [direct floats (rows in order, direct columns), Y]
         for w in range(W):
-            parts = [rows[w].unsqueeze(1) * self.my_width + direct]
+            parts = [row0[w] * nd + torch.arange(batch_sizes[w] * nd, device=dev).view(batch_sizes[w], nd)]
             for g in self.assigned[w]:
                 local = torch.arange(batch_sizes[w], device=dev).unsqueeze(1) * g.num_cols + torch.arange(g.num_cols, device=dev)
-                parts.append(local + x_size + y_off[(w, id(g))])
+                parts.append(local + direct_x.numel() + y_off[(w, id(g))])
             send2.append(torch.cat(parts, dim=1).reshape(-1))
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
         cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
-        out = (cat(send1), in1, out1, cat(y_index), size, cat(send2), [b * w for b, w in zip(batch_sizes, self.width_to)])
+        perm_x, perm_z = torch.cat([cat(send1), direct_x]), cat(send2)
+        assert perm_x.numel() == x_size and perm_z.numel() == direct_x.numel() + size, "every float is sent exactly once"
+        out = (perm_x, inverse_permutation(perm_x), in1, out1, cat(y_index), size, perm_z, inverse_permutation(perm_z),
+               [b * w for b, w in zip(batch_sizes, self.width_to)])
         self._cache[batch_sizes] = out
         return out
 
     def __call__(self, local: Tensor, batch_sizes: tuple[int, ...]) -> tuple[Tensor, list[int]]:
         """Reduce this host's partial sums; returns (flat stage-2 message for every sample owner, its splits)."""
-        send1, in1, out1, y_index, y_size, send2, splits = self._indices(batch_sizes)
+        perm_x, inverse_x, in1, out1, y_index, y_size, perm_z, inverse_z, splits = self._indices(batch_sizes)
         x = local.reshape(-1)
+        sent, direct = Permute.apply(x, perm_x, inverse_x).split([sum(in1), x.numel() - sum(in1)])  # split: no zeros in backward
+        y = x.new_zeros(y_size)
         if self.sub_pg is not None:
-            received = all_to_all_autograd(x.index_select(0, send1), out1, in1, self.sub_pg)
-            y = x.new_zeros(y_size).index_add(0, y_index, received)
-            x = torch.cat([x, y])
-        return x.index_select(0, send2), splits
+            y = y.index_add(0, y_index, all_to_all_autograd(sent, out1, in1, self.sub_pg))
+        return Permute.apply(torch.cat([direct, y]), perm_z, inverse_z), splits
