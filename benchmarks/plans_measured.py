@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/plans_measured.py --profile cpu_gloo_measured
     sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2   # benchmarks/plans_multihost.py
+    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # its tiny check
 
 Three pooled workloads for 4 CPU ranks (batch 512 per rank), each a case where placement
 decides the step time (see `workloads`): "one_hot_table" (one table read by 80 ids per sample
@@ -99,6 +100,17 @@ def torchrec_plan(specs, topo: Topology, search_s: int) -> ShardingPlan:
 
 # ---- TorchRec DMP on local ranks ---------------------------------------------------------------
 def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
+                            timeout=datetime.timedelta(seconds=600))
+    Path(out_path).write_text(json.dumps(dmp_plans(json.loads(Path(job_path).read_text()), rank, time.process_time)))
+    dist.destroy_process_group()
+
+
+def dmp_plans(job: dict, rank: int, clock) -> list[float]:
+    """Each plan of the job through TorchRec's DMP on this rank (its process group made): median ms per
+    step by ``clock`` (time.process_time: CPU; time.perf_counter: wall)."""
     import torch
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -114,9 +126,6 @@ def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
     from embshard.interop.torchrec import to_torchrec_plan
 
     torch.set_num_threads(1)
-    job = json.loads(Path(job_path).read_text())
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=W,
-                            timeout=datetime.timedelta(seconds=600))
     results = []
     for raw in job["plans"]:
         p = ShardingPlan.from_dict(raw)
@@ -139,21 +148,20 @@ def dmp_rank(rank: int, port: int, job_path: str, out_path: str) -> None:
         dense_opt = RowWiseAdagrad(dense, lr=LR) if dense else None
         gen = torch.Generator().manual_seed(rank)
         batches = [synthetic_batch(p.specs, BATCH, gen) for _ in range(3)]
-        cpu = []
+        times = []
         for i in range(job["warmup"] + job["steps"]):
-            c0 = time.process_time()
+            c0 = clock()
             out = dmp(batches[i % 3])
             out.values().backward(torch.ones_like(out.values()))
             if dense_opt is not None:
                 dense_opt.step()
                 dense_opt.zero_grad()
             if i >= job["warmup"]:
-                cpu.append((time.process_time() - c0) * 1e3)
-        results.append(statistics.median(cpu))
+                times.append((clock() - c0) * 1e3)
+        results.append(statistics.median(times))
         del dmp
         dist.barrier()
-    Path(out_path).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    return results
 
 
 def measure_dmp(plans: list[ShardingPlan], steps: int, warmup: int) -> list[list[float]]:
@@ -269,11 +277,11 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="cpu_gloo_measured")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, help="default 10 (one host), 6 (--hosts)")
+    parser.add_argument("--warmup", type=int, help="default 2 (one host), 1 (--hosts)")
+    parser.add_argument("--rounds", type=int, help="default 5 (one host), 3 (--hosts)")
     parser.add_argument("--embshard-budget-s", type=float, default=10.0)
-    parser.add_argument("--torchrec-search-s", type=int, default=60)
+    parser.add_argument("--torchrec-search-s", type=int, help="default 60 (one host), 20 (--hosts)")
     parser.add_argument("--skip-dmp", action="store_true")
     parser.add_argument("--json", default="benchmarks/results/plans_measured.json")
     parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
@@ -286,15 +294,25 @@ def main() -> None:
     hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate)")
     hosts.add_argument("--workloads", nargs="*", help="only these workloads (default all three)")
     hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
+    hosts.add_argument("--quick", action="store_true", help="tiny tables, 2 steps, 1 round: a check that it runs (seconds)")
     args = parser.parse_args()
+    args.rounds = args.rounds or (3 if args.hosts else 5)
+    args.steps = args.steps or (6 if args.hosts else 10)
+    args.warmup = args.warmup if args.warmup is not None else 1 if args.hosts else 2
+    args.torchrec_search_s = args.torchrec_search_s or (20 if args.hosts else 60)
     if args.hosts:
         from plans_multihost import markdown as multihost_markdown, run_multihost
 
-        json_path = Path(args.json if args.json != parser.get_default("json") else "benchmarks/results/multihost.json")
+        # --quick checks that it runs: its numbers go to stdout (and --json if given), not to the results
+        default_json = args.json == parser.get_default("json")
+        json_path = None if args.quick and default_json else REPO / "benchmarks" / "results" / "multihost.json" if default_json \
+            else Path(args.json)
         result = json.loads(Path(args.from_json).read_text()) if args.from_json else run_multihost(args)
-        json_path.write_text(json.dumps(result, indent=1))
+        if json_path:
+            json_path.write_text(json.dumps(result, indent=1))
         text = multihost_markdown(result, "sudo .venv/bin/python benchmarks/plans_measured.py " + " ".join(sys.argv[1:]))
-        (REPO / "benchmarks" / "results" / "multihost.md").write_text(f"# Multi-host benchmarks\n\n{text}")
+        if not result["quick"]:
+            (REPO / "benchmarks" / "results" / "multihost.md").write_text(f"# Multi-host benchmarks\n\n{text}")
         print(text)
         return
     if not (REPO / "embshard" / "configs" / "topology" / f"{args.profile}.yaml").exists():

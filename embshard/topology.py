@@ -85,7 +85,13 @@ class Topology:
     `embshard.planner.cost.perf.cheaper_data_parallel_mode`); this flag is the mode of placements that
     record none (plans of schema version 2 and older, hand-built placements).
     comms: the dtypes of embeddings, their gradients and data-parallel gradients on the wire
-    (embshard.comms; set by ``planner.comms``, priced and run as the plan records it). The remaining
+    (embshard.comms; set by ``planner.comms``, priced and run as the plan records it).
+    reduce_in_host: when ranks span hosts, pooled row-wise partial sums are summed among each
+    host's row shards before they cross hosts (embshard.runtime.host_reduce) and data-parallel
+    gradients are all-reduced hierarchically where the cost model says it pays
+    (`embshard.planner.cost.perf.hierarchical_allreduce`); False: flat collectives over all ranks
+    (every row shard's partial sums to the sample owners, one ring all-reduce), priced and counted
+    as such, to compare against. The remaining
     fields are calibrated terms (CALIBRATED_TERMS, 0 = off) and per-phase factors (PHASE_FACTORS, 1 = off).
     """
 
@@ -103,6 +109,7 @@ class Topology:
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
     comms: CommsPrecision = CommsPrecision()
+    reduce_in_host: bool = True
     collective_ms: float = 0.0
     inter_host_collective_ms: float = 0.0
     input_dist_call_ms: float = 0.0
@@ -177,7 +184,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, but those added since plan schema 2 only where they are in use (``comms`` not all fp32,
-        host memory for tables, an inter-host latency), so topologies without them hash and serialise as before."""
+        host memory for tables, an inter-host latency, flat collectives), so topologies without them hash and serialise as before."""
         out = asdict(self)
         if self.comms == CommsPrecision():
             del out["comms"]
@@ -185,6 +192,8 @@ class Topology:
             del out["ddr_gib"], out["ddr_gb_per_s"]  # no host tier: its bandwidth (a device default) is unused
         if self.inter_host_collective_ms == 0.0:
             del out["inter_host_collective_ms"]
+        if self.reduce_in_host:
+            del out["reduce_in_host"]
         return out
 
     @classmethod
@@ -219,7 +228,7 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                     raise ValueError(f"{where}.{key}: must be a positive factor (1 = as measured alone), got {v!r}")
-        for key in ("full_duplex", "replicated_dp_lookup"):
+        for key in ("full_duplex", "replicated_dp_lookup", "reduce_in_host"):
             if key in raw and not isinstance(raw[key], bool):
                 raise ValueError(f"{where}.{key}: must be true or false, got {raw[key]!r}")
         frac = raw.get("reserved_fraction", 0.1)

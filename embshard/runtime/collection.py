@@ -52,7 +52,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Location
-from embshard.runtime.comm import gather_header, local_part
+from embshard.runtime.comm import gather_header, local_part, use_hosts
 from embshard.planner.types import ShardingType
 from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
@@ -124,6 +124,7 @@ class _ShardedCollection(nn.Module):
             raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
                              f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
         note_tiers_on_cpu(plan, self.device)
+        use_hosts(pg, plan.topology)  # host sub-groups (in-host reduction, hierarchical all-reduce), once per group
         self.hot = HotRows(self.specs, hot_sets, pooled, pooling, self.device) if hot_sets else None
         if self.hot is not None:
             self.specs, plan = inner_plan(self.specs, plan, hot_sets)
@@ -345,7 +346,8 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
                  seed: int = 0, data_parallel_mode: str | None = None, hot_ids: Mapping[str, Any] | None = None) -> None:
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode, hot_ids=hot_ids)
-        self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms, plan.topology.local_world_size)
+        self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms,
+                                            plan.topology.local_world_size if plan.topology.reduce_in_host else None)
         features = self.hot.features if self.hot is not None else self.routing.features
         self._keys = [f.name for f in features]
         self._dims = [f.dim for f in features]

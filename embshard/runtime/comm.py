@@ -7,19 +7,28 @@ All tensors are split along dim 0; split sizes count rows. Works on gloo (CPU) a
 `counting_traffic` counts the bytes this rank sends and receives in every all-to-all and
 all-reduce issued through here (not the header gather), intra- and inter-host: what
 `embshard.planner.cost.traffic` predicts. Off, it costs one check per collective.
+
+Where ranks span hosts, `use_hosts` (called by every collection, on every rank) makes the
+sub-groups of ``pg`` for collectives that run inside each host first, once per group and
+ranks per host: this rank's host (in-host reduction of row-wise partial sums, host_reduce.py)
+and the ranks of its local index on every host; `hierarchical_all_reduce` uses both.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from embshard.planner.cost.allreduce import local_chunks
 from embshard.planner.cost.traffic import TrafficBytes, ring_allreduce_sent
+from embshard.topology import Topology
 
 
 class TrafficCounter:
@@ -91,6 +100,53 @@ def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
         frm[(me - 1) % W] += sent[(me - 1) % W]
         for counter in _counters:
             counter.add(to, frm, pg)
+
+
+@dataclass(frozen=True)
+class HostGroups:
+    topology: Topology  # the plan last built on the group: it decides (and prices) what runs in the host first
+    local: dist.ProcessGroup  # the ranks of this rank's host
+    across: dist.ProcessGroup  # the ranks of this rank's local index, one per host
+
+
+_subgroups: "weakref.WeakKeyDictionary[dist.ProcessGroup, dict]" = weakref.WeakKeyDictionary()  # pg -> L -> (local, across)
+_host_groups: "weakref.WeakKeyDictionary[dist.ProcessGroup, HostGroups]" = weakref.WeakKeyDictionary()  # in use
+
+
+def use_hosts(pg: dist.ProcessGroup, topology: Topology) -> HostGroups | None:
+    """The host sub-groups of ``pg`` for ``topology`` (made once per group and ranks per host, on every
+    rank at the same point: a collection's constructor), or None where nothing runs in the host first
+    (one host, one rank per host, or ``topology.reduce_in_host`` off)."""
+    L = topology.local_world_size
+    if not topology.reduce_in_host or topology.num_hosts == 1 or L == 1:
+        _host_groups.pop(pg, None)
+        return None
+    made = _subgroups.setdefault(pg, {})
+    if L not in made:
+        ranks, me = dist.get_process_group_ranks(pg), dist.get_rank(pg)
+        host, index = divmod(me, L)
+        # made in the same order on every rank: names of locally synchronised groups count the groups a rank has
+        made[L] = (dist.new_group(ranks[host * L:(host + 1) * L], use_local_synchronization=True),
+                   dist.new_group(ranks[index::L], use_local_synchronization=True))
+    _host_groups[pg] = HostGroups(topology, *made[L])
+    return _host_groups[pg]
+
+
+def host_groups(pg: dist.ProcessGroup) -> HostGroups | None:
+    """What `use_hosts` made for ``pg`` last, if anything."""
+    return _host_groups.get(pg)
+
+
+def hierarchical_all_reduce(x: Tensor, hosts: HostGroups) -> None:
+    """Sum contiguous ``x`` over all ranks in place: each of the host's L ranks owns 1/L of it
+    (`local_chunks`): an all-to-all inside the host and a sum (reduce-scatter), an all-reduce of
+    this rank's share across hosts, an all-to-all inside the host (all-gather). Counted as such."""
+    L, i = dist.get_world_size(hosts.local), dist.get_rank(hosts.local)
+    chunks = local_chunks(x.numel(), L)
+    flat = x.view(-1)
+    share = all_to_all(flat, [chunks[i]] * L, chunks, hosts.local).view(L, chunks[i]).sum(0)
+    all_reduce(share, hosts.across)
+    flat.copy_(all_to_all(share.repeat(L), chunks, [chunks[i]] * L, hosts.local))
 
 
 class _AllToAll(torch.autograd.Function):

@@ -9,7 +9,8 @@ gradients reach each host's reducer once and fan out to the members inside the h
 Single-member groups and all other slots are sent directly, as before.
 
 `HostReduction` is static per collection: the groups, the sub-group of this rank's host
-(made once, here) and the layout of every message; index tensors are cached per batch sizes.
+(made once per process group, `embshard.runtime.comm.use_hosts`) and the layout of every
+message; index tensors are cached per batch sizes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embshard.planner.cost.traffic import reducers
-from embshard.runtime.comm import all_to_all_autograd
+from embshard.runtime.comm import all_to_all_autograd, host_groups
+from embshard.runtime.permute import Permute, inverse_permutation
 from embshard.runtime.routing import Routing, Slot
 
 
@@ -45,12 +47,6 @@ def reduced_groups(routing: Routing, local_world_size: int) -> tuple[Group, ...]
                  for key, m in found.items() if len(m) > 1)
 
 
-def host_group(pg: dist.ProcessGroup, host: int, local_world_size: int) -> dist.ProcessGroup:
-    """The sub-group of ``pg``'s ranks on ``host`` (only that host's ranks call this)."""
-    ranks = dist.get_process_group_ranks(pg)[host * local_world_size:(host + 1) * local_world_size]
-    return dist.new_group(ranks, use_local_synchronization=True)
-
-
 class HostReduction:
     def __init__(self, routing: Routing, groups: tuple[Group, ...], local_world_size: int, pg: dist.ProcessGroup,
                  device: torch.device) -> None:
@@ -67,7 +63,9 @@ class HostReduction:
         self.my_groups = [g for g in groups if me in g.members]
         self.assigned = [[g for g in self.my_groups if g.reducer[w] == me] for w in range(W)]
         self.width_to = [len(self.direct_cols) + sum(g.num_cols for g in self.assigned[w]) for w in range(W)]
-        self.sub_pg = host_group(pg, self.host, L) if any(g.host == self.host for g in groups) else None
+        hosts = host_groups(pg)
+        assert hosts is not None and hosts.topology.local_world_size == L, "the collection makes the host sub-groups first (comm.use_hosts)"
+        self.sub_pg = hosts.local if any(g.host == self.host for g in groups) else None
         self._cache: dict[tuple[int, ...], tuple] = {}
 
     def blocks_from(self, source: int) -> list[Slot]:
@@ -81,8 +79,11 @@ class HostReduction:
         return self.col_start[g.slot_index[g.members.index(self.routing.rank)]]
 
     def _indices(self, batch_sizes: tuple[int, ...]):
-        """(stage-1 send index into X, its splits, receive splits, Y index of every received float,
-        Y size, stage-2 send index into [X, Y], its splits), for these batch sizes."""
+        """For these batch sizes: (X's permutation into [stage-1 message, direct floats] and its inverse,
+        stage-1 send splits, receive splits, Y index of every received float, Y size, the permutation of
+        [direct floats, Y] into the stage-2 message and its inverse, its splits). Every float of X is sent
+        exactly once, in stage 1 (grouped slots, to their reducer) or stage 2 (direct slots); every float
+        of Y once, in stage 2: gathers by permutations, whose backward needs no zero-filled scatter."""
         if batch_sizes in self._cache:
             return self._cache[batch_sizes]
         me, W, dev = self.routing.rank, self.routing.world_size, self.device
@@ -116,25 +117,30 @@ class HostReduction:
             out1.append(n)
         x_size = sum(batch_sizes) * self.my_width
         direct = torch.tensor(self.direct_cols, dtype=torch.int64, device=dev)
-        send2 = []
+        nd = len(self.direct_cols)
+        direct_x = (torch.arange(sum(batch_sizes), device=dev).unsqueeze(1) * self.my_width + direct).reshape(-1)
+        send2 = []  # into [direct floats (rows in order, direct columns), Y]
         for w in range(W):
-            parts = [rows[w].unsqueeze(1) * self.my_width + direct]
+            parts = [row0[w] * nd + torch.arange(batch_sizes[w] * nd, device=dev).view(batch_sizes[w], nd)]
             for g in self.assigned[w]:
                 local = torch.arange(batch_sizes[w], device=dev).unsqueeze(1) * g.num_cols + torch.arange(g.num_cols, device=dev)
-                parts.append(local + x_size + y_off[(w, id(g))])
+                parts.append(local + direct_x.numel() + y_off[(w, id(g))])
             send2.append(torch.cat(parts, dim=1).reshape(-1))
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
         cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
-        out = (cat(send1), in1, out1, cat(y_index), size, cat(send2), [b * w for b, w in zip(batch_sizes, self.width_to)])
+        perm_x, perm_z = torch.cat([cat(send1), direct_x]), cat(send2)
+        assert perm_x.numel() == x_size and perm_z.numel() == direct_x.numel() + size, "every float is sent exactly once"
+        out = (perm_x, inverse_permutation(perm_x), in1, out1, cat(y_index), size, perm_z, inverse_permutation(perm_z),
+               [b * w for b, w in zip(batch_sizes, self.width_to)])
         self._cache[batch_sizes] = out
         return out
 
     def __call__(self, local: Tensor, batch_sizes: tuple[int, ...]) -> tuple[Tensor, list[int]]:
         """Reduce this host's partial sums; returns (flat stage-2 message for every sample owner, its splits)."""
-        send1, in1, out1, y_index, y_size, send2, splits = self._indices(batch_sizes)
+        perm_x, inverse_x, in1, out1, y_index, y_size, perm_z, inverse_z, splits = self._indices(batch_sizes)
         x = local.reshape(-1)
+        sent, direct = Permute.apply(x, perm_x, inverse_x).split([sum(in1), x.numel() - sum(in1)])  # split: no zeros in backward
+        y = x.new_zeros(y_size)
         if self.sub_pg is not None:
-            received = all_to_all_autograd(x.index_select(0, send1), out1, in1, self.sub_pg)
-            y = x.new_zeros(y_size).index_add(0, y_index, received)
-            x = torch.cat([x, y])
-        return x.index_select(0, send2), splits
+            y = y.index_add(0, y_index, all_to_all_autograd(sent, out1, in1, self.sub_pg))
+        return Permute.apply(torch.cat([direct, y]), perm_z, inverse_z), splits

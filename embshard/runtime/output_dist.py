@@ -24,6 +24,7 @@ from embshard.comms import CommsPrecision
 from embshard.runtime.features import Batch
 from embshard.runtime.host_reduce import HostReduction, reduced_groups
 from embshard.runtime.input_dist import Received
+from embshard.runtime.permute import Permute, inverse_permutation
 from embshard.runtime.routing import Routing
 from embshard.runtime.wire import wire_all_to_all
 
@@ -31,24 +32,6 @@ from embshard.runtime.wire import wire_all_to_all
 def _unit(*sizes: int) -> int:
     """Largest block of floats that every moved piece is made of (widths and offsets are multiples of it)."""
     return math.gcd(*sizes) or 1
-
-
-class _Permute(torch.autograd.Function):
-    """``x[perm]`` for a permutation of rows; backward gathers with the inverse (no zero-filled scatter)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
-        ctx.save_for_backward(inverse)
-        return x.index_select(0, perm)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
-
-
-def _inverse(perm: Tensor) -> Tensor:
-    return torch.empty_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
 
 
 def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tuple[int, ...], ...]) -> Tensor:
@@ -66,7 +49,7 @@ class PooledOutputDist:
                  local_world_size: int | None = None) -> None:
         self.routing, self.pg, self.device, self.comms = routing, pg, device, comms
         feats = routing.features
-        local_world_size = local_world_size or routing.world_size  # None: one host
+        local_world_size = local_world_size or routing.world_size  # None: one host, or flat (topology.reduce_in_host off)
         # on one host nothing crosses hosts: summing in the host first would add an all-to-all and save no bytes
         groups = reduced_groups(routing, local_world_size) if local_world_size < routing.world_size else ()
         # row-wise partial sums reduced in each host first (host_reduce.py); else every slot travels as is
@@ -103,7 +86,7 @@ class PooledOutputDist:
                 parts.append((rows + cols[start:start + width // u].unsqueeze(0)).flatten())
                 start += width // u
             index = torch.cat(parts)
-            self._index_cache[batch_size] = (index, _inverse(index) if self.one_to_one else index)
+            self._index_cache[batch_size] = (index, inverse_permutation(index) if self.one_to_one else index)
         return self._index_cache[batch_size]
 
     def __call__(self, kernel_outputs: list[Tensor], replica_rows: Tensor | None, batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
@@ -123,7 +106,7 @@ class PooledOutputDist:
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         index, inverse = self._scatter_index(B)
         if self.one_to_one:
-            out = _Permute.apply(source.view(-1, self.unit), inverse, index).view(B, D)
+            out = Permute.apply(source.view(-1, self.unit), inverse, index).view(B, D)
         else:  # row-wise partial sums add up
             out = torch.zeros(B * D // self.unit, self.unit, device=self.device).index_add(0, index, source.view(-1, self.unit)).view(B, D)
         if bool(self.mean_cols.any()):
@@ -162,7 +145,7 @@ class SequenceOutputDist:
         rows = wire_all_to_all(local, out_splits, in_splits, self.pg, self.comms, grad_scale=1.0 / W).view(-1, self.unit)
         # Every piece of the sharded features' rows arrives exactly once: a permutation puts them in place.
         index = self._target_index(received, batch)
-        return _Permute.apply(rows, _inverse(index), index).view(-1)
+        return Permute.apply(rows, inverse_permutation(index), index).view(-1)
 
     def _target_index(self, received: Received, batch: Batch) -> Tensor:
         """Target piece of every received piece: rows in send order, each at its id's place."""

@@ -4,7 +4,8 @@ Output dist's all-to-all sends fp32 embeddings cast to ``comms.forward`` and cas
 to fp32 on arrival; its backward sends the gradients in ``comms.backward`` (one autograd
 function, so the two directions may differ: autograd would cast a gradient back to the
 forward dtype between two separate functions). Data-parallel gradients are all-reduced in
-``comms.dp_allreduce``: the sum runs in that dtype, as TorchRec's quantized comms do.
+``comms.dp_allreduce``: the sum runs in that dtype, as TorchRec's quantized comms do (hierarchically
+across hosts where that pays).
 Everything outside these collectives stays fp32; fp32 on the wire is the plain collective.
 """
 
@@ -16,8 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.comms import CommsPrecision
-from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd
+from embshard.comms import WIRE_BYTES, CommsPrecision
+from embshard.planner.cost.allreduce import hierarchical_allreduce
+from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd, hierarchical_all_reduce, host_groups
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -48,10 +50,13 @@ def wire_all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[in
 
 
 def wire_all_reduce_(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
-    """Sum ``flat`` over the group in place, on the wire (and in the sum) as ``dtype``."""
-    if dtype == "fp32":
-        all_reduce(flat, pg)
-        return flat
-    wire = flat.to(TORCH_DTYPES[dtype])
-    all_reduce(wire, pg)
-    return flat.copy_(wire)
+    """Sum ``flat`` over the group in place, on the wire (and in the sum) as ``dtype``: hierarchically
+    where ranks span hosts and the cost model says it pays (`embshard.planner.cost.allreduce`, for the
+    topology of the group's last collection, `embshard.runtime.comm.use_hosts`), else one ring."""
+    hosts = host_groups(pg)
+    wire = flat if dtype == "fp32" else flat.to(TORCH_DTYPES[dtype])
+    if hosts is not None and hierarchical_allreduce(flat.numel() * WIRE_BYTES[dtype], hosts.topology):
+        hierarchical_all_reduce(wire, hosts)
+    else:
+        all_reduce(wire, pg)
+    return flat if wire is flat else flat.copy_(wire)

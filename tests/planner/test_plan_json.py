@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from embshard.planner import ShardingPlan, manual_plan, plan
+from embshard.planner import ShardingPlan, evaluate, manual_plan, plan
+from embshard.planner.cost.traffic import rank_traffic_bytes
 from embshard.planner.plan import SCHEMA_VERSION, Replicas
 from embshard.planner.types import Shard
 from embshard.specs import TableSpec
@@ -105,7 +106,7 @@ def test_version_2_file_loads_and_gains_its_traffic_bytes():
 
 def test_traffic_bytes_are_the_cost_models_and_round_trip():
     """2 hosts x 2 ranks: a row_wise table over all 4 ranks (reduced in each host), a table_wise
-    one on rank 1, a data-parallel one (ring all-reduce). Rank 0's bytes per step, by hand (B = 8):
+    one on rank 1, a data-parallel one (hierarchical all-reduce). Rank 0's bytes per step, by hand (B = 8):
     a (2 features, P = 2, 64 rows, 16 per shard, dim 8): to each other rank's shard 2 features x
       (8 lengths + 4 ids) x 8 bytes = 192, and as much from each. Partial sums: 8 samples x 2
       features x 8 floats = 512 bytes per sample owner. Host 0's reducers: rank 0 for owners 0 and
@@ -115,18 +116,26 @@ def test_traffic_bytes_are_the_cost_models_and_round_trip():
       for itself from rank 2 (512 inter); backward mirrors every message.
     b (table_wise on rank 1, dim 4, P = 1): 8 lengths + 8 ids = 128 bytes to rank 1; 8 x 4 floats
       = 128 back, and their gradient (128) to rank 1.
-    c (data-parallel, 30 x 8): a ring all-reduce of 30 x 9 = 270 floats (chunks 68, 68, 67, 67):
-      rank 0 sends 2 x (270 - 68) floats to rank 1 and receives as many from rank 3."""
+    c (data-parallel, 30 x 8): an all-reduce of 30 x 9 = 270 floats, hierarchical (it pays: NVLink in
+      the host): rank 0 owns the first 135; reduce-scatter and all-gather inside the host each send
+      135 floats to rank 1 and receive 135 from it; the ring across hosts of those 135 (chunks 68, 67)
+      with rank 2 sends 2 x (135 - 67) floats and receives 2 x (135 - 68)."""
     topo = Topology(world_size=4, local_world_size=2, hbm_gib=1, batch_size_per_rank=8)
     specs = [TableSpec("a", 64, 8, pooling_factor=2, feature_names=("a1", "a2")), TableSpec("b", 40, 4),
              TableSpec("c", 30, 8)]
     p = manual_plan(specs, topo, {"a": ("row_wise", (0, 1, 2, 3)), "b": ("table_wise", (1,)), "c": ("data_parallel", ())})
     t = p.traffic[0]
+    in_host = 2 * 135 * 4
+    assert t.intra_host_sent == 192 + 2 * 2 * 512 + 128 + 128 + in_host
+    assert t.intra_host_received == 192 + 2 * 2 * 512 + 128 + in_host
+    assert t.inter_host_sent == 2 * 192 + 2 * 512 + 2 * (135 - 67) * 4
+    assert t.inter_host_received == 2 * 192 + 2 * 512 + 2 * (135 - 68) * 4
+    flat = evaluate(specs, replace(topo, reduce_in_host=False), p.tables).traffic[0]  # c still all-reduced
+    # flat: rank 0 sends its partial sums to each other owner and receives each other shard's for itself
+    # (512 each; backward mirrors); the ring sends 2 x (270 - 68) floats to rank 1, receives as many from rank 3
     ring = 2 * (270 - 68) * 4
-    assert t.intra_host_sent == 192 + 2 * 2 * 512 + 128 + 128 + ring
-    assert t.intra_host_received == 192 + 2 * 2 * 512 + 128
-    assert t.inter_host_sent == 2 * 192 + 2 * 512
-    assert t.inter_host_received == 2 * 192 + 2 * 512 + ring
+    assert (flat.intra_host_sent, flat.intra_host_received) == (192 + 2 * 512 + 128 + 128 + ring, 192 + 2 * 512 + 128)
+    assert (flat.inter_host_sent, flat.inter_host_received) == (2 * 192 + 4 * 512, 2 * 192 + 4 * 512 + ring)
     assert json.loads(p.to_json())["ranks"][0]["traffic_bytes"] == t.to_dict()
     assert ShardingPlan.from_json(p.to_json()).traffic == p.traffic
 
@@ -230,9 +239,30 @@ def test_versions_4_to_6_load_with_their_modes_bytes_and_wire_dtypes(version):
     p = ShardingPlan.load(path)
     assert {t.name: t.data_parallel_mode for t in p.tables} == {t["name"]: t.get("data_parallel_mode") for t in raw["tables"]}
     assert {t.data_parallel_mode for t in p.tables} == {None, "allreduce", "replicated_lookup"}
-    if version >= 5:  # traffic bytes are derived from the placement: the file's are what the model gives now
-        assert [r["traffic_bytes"] for r in raw["ranks"]] == [t.to_dict() for t in p.traffic]
+    if version >= 5:  # traffic bytes are derived from the placement: the file's are what the model gave then,
+        # a ring all-reduce (hierarchical since version 8, where it pays)
+        ar = [t for t in p.tables if t.data_parallel_mode == "allreduce"]
+        rest = rank_traffic_bytes(p.specs, p.topology, [t for t in p.tables if t not in ar])
+        ring = rank_traffic_bytes(p.specs, replace(p.topology, reduce_in_host=False), ar)
+        assert [r["traffic_bytes"] for r in raw["ranks"]] == [(a + b).to_dict() for a, b in zip(rest, ring)]
     assert (p.topology.comms.forward, p.topology.comms.backward) == (("fp16", "bf16") if version == 6 else ("fp32", "fp32"))
     assert all(t.hot_rows == 0 for t in p.tables) and p.input_hash == raw["input_hash"]
     again = json.loads(p.to_json())
     assert again["schema_version"] == SCHEMA_VERSION and ShardingPlan.from_json(p.to_json()) == p
+
+
+def test_version_7_loads_with_in_host_reduction_on():
+    """Written by main's embshard at 3be5606 (schema 7, before ``topology.reduce_in_host``): it loads with the
+    in-host reduction on, as version 7 ran it, and is written back as the current version without the key."""
+    path = Path(__file__).parent / "data" / "plan_v7.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == 7 and "reduce_in_host" not in raw["topology"]
+    p = ShardingPlan.load(path)
+    assert p.topology.reduce_in_host and p.topology.num_hosts == 2
+    assert [(t.name, t.sharding_type.value) for t in p.tables] == [(t["name"], t["sharding_type"]) for t in raw["tables"]]
+    again = json.loads(p.to_json())
+    assert again["schema_version"] == SCHEMA_VERSION == 8 and "reduce_in_host" not in again["topology"]
+    assert ShardingPlan.from_json(p.to_json()) == p
+    flat = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "reduce_in_host": False}})
+    inter = lambda q: sum(t.inter_host_sent for t in q.traffic)  # noqa: E731
+    assert not flat.topology.reduce_in_host and inter(flat) > inter(p)  # flat collectives send more across hosts

@@ -107,9 +107,10 @@ def hot_batch(specs: list[TableSpec], hot: dict[str, list[int]], rank: int, seed
 
 
 def run_traffic(specs: list[TableSpec], types: list[ShardingType], pg: dist.ProcessGroup, seed: int,
-                hot_rows: bool = False) -> dict:
+                hot_rows: bool = False, flat: bool = False) -> dict:
+    """flat: topology.reduce_in_host off (no in-host reduction, a ring all-reduce)."""
     W, rank = dist.get_world_size(pg), dist.get_rank(pg)
-    topo = traffic_topology(W)
+    topo = dataclasses.replace(traffic_topology(W), reduce_in_host=not flat)
     if seed % 2:
         topo = dataclasses.replace(topo, replicated_dp_lookup=True)
     plan = make_plan(specs, topo, types)
@@ -143,4 +144,7 @@ def cases(world_size: int) -> dict:
         specs, types = random_specs(seed, pooled)
         out[f"traffic-hot-{'pooled' if pooled else 'sequence'}-{seed}"] = (
             lambda pg, s=specs, t=types, seed=seed: run_traffic(s, t, pg, seed, hot_rows=True))
+    if world_size in HOSTS_OF:  # ranks on two hosts: the flat collectives are counted as the model prices them too
+        specs, types = random_specs(0, True)
+        out["traffic-pooled-flat-0"] = lambda pg: run_traffic(specs, types, pg, 0, flat=True)
     return out

@@ -463,6 +463,12 @@ def training_cases(world_size: int) -> dict[str, CaseFn]:
     wire = dataclasses.replace(topo, comms=CommsPrecision("bf16", "fp16"))
     cases["wire-bf16-fp16-mixed-pooled-weighted-replicated_lookup"] = lambda pg: run_quantized(
         POOLED, make_plan(POOLED, wire, MIXED_POOLED), pg, pooled=True, weighted=True, seed=43, **replicated)
+    if topo.num_hosts > 1:  # flat collectives across hosts (topology.reduce_in_host off) train exactly too
+        flat = dataclasses.replace(topo, reduce_in_host=False)
+        cases["flat-mixed-pooled"] = lambda pg: run_training(POOLED, make_plan(POOLED, flat, MIXED_POOLED), pg, pooled=True,
+                                                             mean=True, seed=44)
+        cases["flat-table_row_wise-pooled-weighted"] = lambda pg: run_training(
+            POOLED, make_plan(POOLED, flat, [ST.TABLE_ROW_WISE] * len(POOLED)), pg, pooled=True, weighted=True, seed=45)
     all_table_wise = make_plan(POOLED, topo, [ST.TABLE_WISE] * len(POOLED))
     cases["state-roundtrip"] = lambda pg: run_state_roundtrip(mixed_pooled, all_table_wise, pg)
     return cases

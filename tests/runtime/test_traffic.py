@@ -31,7 +31,7 @@ def test_counted_bytes_equal_the_cost_model_on_2_hosts_x_3_ranks() -> None:
             predicted = {f: result[f"predicted_{f}"] for f in FIELDS}
             assert counted == predicted, f"rank {rank} {name}: counted {counted} != predicted {predicted}"
             assert counted["inter_host_sent"] > 0 and counted["intra_host_sent"] > 0, f"rank {rank} {name}: {counted}"
-        assert len(cases) == 6, sorted(cases)  # 4 plans, 2 of them with hot rows
+        assert len(cases) == 7, sorted(cases)  # 4 plans, 2 of them with hot rows, and one with flat collectives
 
 
 def test_counted_bytes_equal_the_cost_model_on_emulated_hosts(tmp_path) -> None:

@@ -63,6 +63,8 @@ from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.comms import WIRE_BYTES  # noqa: F401
+from embshard.planner.cost.allreduce import collective_fixed_ms, runtime_allreduce_ms
+from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allreduce_ms  # noqa: F401 (calibrate's fit: bandwidth terms)
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
@@ -108,14 +110,6 @@ def spread_comm_ms(num_bytes: float, topo: Topology) -> float:
 def host_comm_ms(num_bytes: float, num_peers: int, topo: Topology) -> float:
     """Time to exchange bytes with num_peers ranks of the same host ((k-1)/k leaves the rank)."""
     return _ms(num_bytes * (num_peers - 1) / num_peers, topo.intra_host_gb_per_s) if num_peers > 1 else 0.0
-
-
-def allreduce_ms(num_bytes: float, topo: Topology) -> float:
-    """Hierarchical ring all-reduce: reduce-scatter/all-gather in the host, ring across hosts."""
-    L, H = topo.local_world_size, topo.num_hosts
-    intra = _ms(2 * num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
-    inter = _ms(2 * num_bytes * (H - 1) / H / L, topo.inter_host_gb_per_s)
-    return (intra + inter) * (1 if topo.full_duplex else 2)  # each rank sends and receives as much
 
 
 def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float,
@@ -192,10 +186,10 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_ms = []
     for direction in ("forward", "backward"):
         sent = out_rows * num_cols * wire_bytes(topo, direction)
-        if stype.splits_rows and spec.pooled and topo.num_hosts > 1:
+        if stype.splits_rows and spec.pooled and topo.num_hosts > 1 and topo.reduce_in_host:
             # partial sums are first reduced among the row shards that share a host (in fp32),
             # then each sends its 1/k_h of the host's sums to the sample owners (on the wire);
-            # on one host every row shard sends its own partial sums (runtime/output_dist.py)
+            # on one host (or with reduce_in_host off) every row shard sends its own partial sums (runtime/output_dist.py)
             per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
             out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo))
         else:
@@ -220,10 +214,13 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     length_copies = num_shards if stype.splits_rows or stype.splits_cols else 1
     in_bytes = copies * ids * ID_BYTES + length_copies * B * F * LENGTH_BYTES
     # pooled row-wise: one reduced copy from every host holding row shards (row_wise spreads them over the
-    # hosts; table_row_wise keeps them in one); on one host, one copy from every row shard
+    # hosts; table_row_wise keeps them in one); on one host (or flat), one copy from every row shard
     out_copies = 1
     if stype.splits_rows and spec.pooled:
-        out_copies = num_shards if topo.num_hosts == 1 else min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE else 1
+        if topo.num_hosts == 1 or not topo.reduce_in_host:
+            out_copies = num_shards
+        else:
+            out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE else 1
     out_elements = out_copies * (B * F if spec.pooled else ids) * D
     assemble_ms = _assemble_ms(spec, topo, out_elements * OUTPUT_BYTES, ids)
     fwd_ms, bwd_ms = (spread_comm_ms(out_elements * wire_bytes(topo, d), topo) + assemble_ms for d in ("forward", "backward"))
@@ -272,7 +269,7 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(N * (D + 1) * wire_bytes(topo, "dp_allreduce"), topo) + collective_fixed_ms(topo, 2),  # gradient, ids per row
+        dp_allreduce_ms=runtime_allreduce_ms(N * (D + 1) * wire_bytes(topo, "dp_allreduce"), topo),  # gradient, ids per row
     ), topo)
 
 
@@ -280,13 +277,6 @@ def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
     """Bytes each rank all-reduces per step for a table's hot replica (cost/hot_rows.py): what the runtime's
     flat buffer holds, fp32 gradient rows and one count per row (priced as the gradient: `data_parallel_perf`)."""
     return num_hot_rows * (spec.embedding_dim + 1) * GRAD_BYTES
-
-
-def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
-    """Calibrated fixed cost of one collective: collective_ms per step and peer rank, and
-    inter_host_collective_ms more per step and peer rank on another host."""
-    W, L = topo.world_size, topo.local_world_size
-    return (topo.collective_ms * (W - 1) + topo.inter_host_collective_ms * (W - L)) * steps_per_peer
 
 
 def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:

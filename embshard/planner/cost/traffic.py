@@ -13,8 +13,11 @@ Row-wise partial sums (pooled row_wise / table_row_wise) are reduced inside each
 first: the row shards of one feature on one host (its *members*) all-to-all their partial
 sums so that one member holds the host's sum for each sample owner, and that
 member alone sends it to the owner (backward mirrors it; `reducers`). A host with one member sends
-directly. The all-reduce is counted as a ring over the ranks in rank order
-(`ring_allreduce_sent`): the counter cannot see inside the backend's algorithm.
+directly. With ``topology.reduce_in_host`` off, every row shard sends its own partial sums.
+The all-reduce is the one the runtime runs (`embshard.planner.cost.allreduce`): a ring over
+the ranks in rank order (`ring_allreduce_sent`: the counter cannot see inside the backend's
+algorithm), or hierarchical (reduce-scatter in the host as an all-to-all, rings across hosts,
+all-gather in the host).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from embshard.comms import WIRE_BYTES
+from embshard.planner.cost.allreduce import hierarchical_allreduce, local_chunks
 from embshard.planner.cost.hot_rows import hot_split
 
 from embshard.planner.types import ShardingType
@@ -155,13 +159,14 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
     out = links.per_rank()
     for elems in allreduce_elems.values():
         if elems:
-            out = [a + b for a, b in zip(out, _ring_bytes(elems, topo))]
+            out = [a + b for a, b in zip(out, _allreduce_bytes(elems, topo))]
     return out
 
 
 def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Sequence, links: _Links) -> None:
     B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
-    row_sums = spec.pooled and stype.splits_rows and topo.num_hosts > 1  # reduced in each host (one host: flat)
+    # reduced in each host (one host, or topology.reduce_in_host off: flat)
+    row_sums = spec.pooled and stype.splits_rows and topo.num_hosts > 1 and topo.reduce_in_host
     for s in shards:
         ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
         links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
@@ -190,8 +195,22 @@ def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
         links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * wire_bytes(topo, "backward"))
 
 
-def _ring_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
+def _allreduce_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
+    """The all-reduce the runtime runs for num_elems (`embshard.planner.cost.allreduce`): a ring over
+    all ranks, or reduce-scatter in the host, a ring across hosts, all-gather in the host."""
     links = _Links(topo)
-    W = topo.world_size
-    links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * wire_bytes(topo, "dp_allreduce"))
+    W, L, e = topo.world_size, topo.local_world_size, wire_bytes(topo, "dp_allreduce")
+    if not hierarchical_allreduce(num_elems * e, topo):
+        links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * e)
+        return links.per_rank()
+    chunks = np.asarray(local_chunks(num_elems, L))
+    local = np.arange(W) % L
+    src, dst = np.divmod(np.arange(W * L), L)  # every rank to every rank of its host: src, dst's local index
+    dst = src - local[src] + dst
+    links.add(src, dst, chunks[local[dst]] * e)  # reduce-scatter: each local rank its share
+    links.add(src, dst, chunks[local[src]] * e)  # all-gather: each local rank's share to the host
+    H = topo.num_hosts
+    for i in range(L):  # a ring over the hosts of local rank i's share, in host order
+        ring = np.arange(H) * L + i
+        links.add(ring, np.roll(ring, -1), np.asarray(ring_allreduce_sent(int(chunks[i]), H)) * e)
     return links.per_rank()

@@ -1,0 +1,80 @@
+"""The all-reduce of data-parallel gradients: one ring over all ranks, or hierarchical where
+ranks span hosts. Hierarchical: each of a host's L ranks owns 1/L of the buffer
+(`local_chunks`); a reduce-scatter inside the host (an all-to-all, then a sum), a ring
+all-reduce of that share across hosts among the ranks of the same local index, an
+all-gather inside the host (embshard.runtime.comm.hierarchical_all_reduce). Only 1/L of the
+buffer leaves each rank across hosts, against 2(W-1)/W of it through one rank per host in
+the ring. Time per link class of both, and which one the runtime runs
+(`hierarchical_allreduce`: the faster by this model; the runtime and the traffic model
+both ask it). No torch here.
+"""
+
+from __future__ import annotations
+
+from embshard.topology import Topology
+
+
+def local_chunks(num_elems: int, num_parts: int) -> list[int]:
+    """Sizes of the parts a buffer of num_elems is cut into, as ``torch.tensor_split`` cuts it."""
+    return [num_elems // num_parts + (1 if i < num_elems % num_parts else 0) for i in range(num_parts)]
+
+
+def _ms(num_bytes: float, gb_per_s: float) -> float:
+    return num_bytes / (gb_per_s * 1e6)
+
+
+def _exchange_ms(sent_ms: float, received_ms: float, topo: Topology) -> float:
+    return max(sent_ms, received_ms) if topo.full_duplex else sent_ms + received_ms
+
+
+def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
+    """Calibrated fixed cost of one collective over all ranks: collective_ms per step and peer rank,
+    and inter_host_collective_ms more per step and peer rank on another host."""
+    W, L = topo.world_size, topo.local_world_size
+    return (topo.collective_ms * (W - 1) + topo.inter_host_collective_ms * (W - L)) * steps_per_peer
+
+
+def flat_allreduce_ms(num_bytes: float, topo: Topology) -> float:
+    """A ring over the W ranks in rank order, bandwidth only: each sends 2(W-1)/W of the buffer to
+    its successor; the last rank of a host sends it across hosts (and receives it inside the host)."""
+    W, L = topo.world_size, topo.local_world_size
+    per_rank = 2 * num_bytes * (W - 1) / W
+    sent = _ms(per_rank, topo.inter_host_gb_per_s if topo.num_hosts > 1 else topo.intra_host_gb_per_s)
+    received = _ms(per_rank, topo.intra_host_gb_per_s if L > 1 else topo.inter_host_gb_per_s)
+    return _exchange_ms(sent, received, topo)
+
+
+def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
+    """Bandwidth only: reduce-scatter and all-gather inside the host ((L-1)/L of the buffer each way,
+    each), a ring across the H hosts of this rank's 1/L share (2(H-1)/H of it each way). On one
+    host, the ring's time."""
+    L, H = topo.local_world_size, topo.num_hosts
+    in_host = _ms(num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
+    across = _ms(2 * num_bytes * (H - 1) / H / L, topo.inter_host_gb_per_s)
+    return 2 * _exchange_ms(in_host, in_host, topo) + _exchange_ms(across, across, topo)
+
+
+def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
+    """What the hierarchy costs beyond moving bytes: fixed costs of two all-to-alls among the L ranks of a
+    host and of a ring (2 steps per peer) among H ranks on other hosts; and its own copies (summing the
+    received parts, the all-gather's input and result: 3 x the buffer) at the calibrated per-byte copy
+    cost (dist_ns_per_byte), which gloo's ring does inside its one call."""
+    L, H = topo.local_world_size, topo.num_hosts
+    fixed = 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
+    return fixed + 3 * num_bytes * topo.dist_ns_per_byte * 1e-6
+
+
+def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
+    """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
+    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs and copies included)."""
+    if not topo.reduce_in_host or topo.num_hosts == 1 or topo.local_world_size == 1:
+        return False
+    return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
+            < flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2))
+
+
+def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
+    """Time of the all-reduce the runtime runs for num_bytes, fixed costs (and the hierarchy's copies) included."""
+    if hierarchical_allreduce(num_bytes, topo):
+        return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
+    return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)

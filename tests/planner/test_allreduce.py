@@ -1,0 +1,61 @@
+"""The data-parallel all-reduce the runtime runs: hierarchical where ranks span hosts and it pays,
+priced per link class (embshard.planner.cost.allreduce) and counted so (traffic.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from embshard.planner import evaluate, manual_plan
+from embshard.planner.cost.allreduce import (flat_allreduce_ms, hierarchical_allreduce, hierarchical_allreduce_ms,
+                                             runtime_allreduce_ms)
+from embshard.specs import TableSpec
+from embshard.topology import Topology
+
+MB = 1e6
+
+
+def test_hierarchical_where_ranks_span_hosts_and_it_pays():
+    two_hosts = Topology(world_size=16, local_world_size=8, intra_host_gb_per_s=100.0, inter_host_gb_per_s=10.0)
+    # ring: 2 x 15/16 of 100 MB through one NIC per host at 10 GB/s; hierarchical: 2 x 7/8 in the host at
+    # 100 GB/s (twice: reduce-scatter, all-gather; full duplex) and 2 x 1/2 x 1/8 of it across at 10 GB/s
+    assert flat_allreduce_ms(100 * MB, two_hosts) == pytest.approx(2 * 100 * 15 / 16 / 10)
+    assert hierarchical_allreduce_ms(100 * MB, two_hosts) == pytest.approx(2 * 100 * 7 / 8 / 100 + 2 * 100 / 2 / 8 / 10)
+    assert hierarchical_allreduce(100 * MB, two_hosts)
+    assert runtime_allreduce_ms(100 * MB, two_hosts) == hierarchical_allreduce_ms(100 * MB, two_hosts)
+    # the ring's legs inside a host cost as much as the reduce-scatter's, and its 2(W-1) fixed steps more than
+    # the hierarchy's 2(L-1) + 2(H-1): it pays even with slow in-host links and tiny buffers; off, one host, one
+    # rank per host: the ring
+    slow_in_host = replace(two_hosts, intra_host_gb_per_s=1.0, collective_ms=0.01, inter_host_collective_ms=0.05)
+    assert hierarchical_allreduce(100, slow_in_host) and hierarchical_allreduce(100 * MB, slow_in_host)
+    assert runtime_allreduce_ms(100, slow_in_host) == pytest.approx(2 * 7 * 0.01 + 2 * 0.06 + 2 * 100 * 7 / 8 / 1e6, rel=1e-3)
+    # its own copies (3 x the buffer at the calibrated per-byte cost) can outweigh what it saves across hosts
+    gloo = Topology(world_size=4, local_world_size=2, device="cpu", full_duplex=False, intra_host_gb_per_s=2.7,
+                    inter_host_gb_per_s=0.5)
+    assert hierarchical_allreduce(10 * MB, gloo) and not hierarchical_allreduce(10 * MB, replace(gloo, dist_ns_per_byte=1.0))
+    assert runtime_allreduce_ms(10 * MB, replace(gloo, dist_ns_per_byte=0.1)) == pytest.approx(
+        hierarchical_allreduce_ms(10 * MB, gloo) + 3 * 10 * MB * 0.1e-6)
+    for topo in (replace(two_hosts, reduce_in_host=False), replace(two_hosts, local_world_size=16),
+                 replace(two_hosts, local_world_size=1)):
+        assert not hierarchical_allreduce(100 * MB, topo)
+        assert runtime_allreduce_ms(100 * MB, topo) == flat_allreduce_ms(100 * MB, topo)
+    one_host = replace(two_hosts, local_world_size=16)
+    assert hierarchical_allreduce_ms(100 * MB, one_host) == pytest.approx(flat_allreduce_ms(100 * MB, one_host))
+
+
+def test_hierarchical_bytes_cross_hosts_once_per_local_share():
+    """2 hosts x 4 ranks, a 1000 x 7 data-parallel table: 8,000 floats (gradient and a count per row).
+    Hierarchical: each rank sends 3/4 of the buffer inside the host twice (reduce-scatter, all-gather) and
+    its 2,000 floats' ring share across (2 x 1,000); the ring sends 2 x 7/8 of it from one rank per host."""
+    topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=8)
+    specs = [TableSpec("t", 1000, 7)]
+    layout = {"t": ("data_parallel", ())}
+    tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, layout).tables]
+    hier = evaluate(specs, topo, tables)
+    for t in hier.traffic:
+        assert (t.intra_host_sent, t.intra_host_received) == (2 * 6000 * 4, 2 * 6000 * 4)
+        assert (t.inter_host_sent, t.inter_host_received) == (2 * 1000 * 4, 2 * 1000 * 4)
+    flat = evaluate(specs, replace(topo, reduce_in_host=False), tables)
+    assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4] * 2
+    assert sum(t.inter_host_sent for t in flat.traffic) == 1.75 * sum(t.inter_host_sent for t in hier.traffic)
