@@ -89,20 +89,27 @@ def run_embshard(specs: tuple[TableSpec, ...], topo: Topology, time_budget_s: fl
             "commit": git_commit()}
 
 
-def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False) -> dict:
+TORCHREC_PROPOSERS = ("default", "greedy_no_depth")  # TorchRec's default proposer list, or its GreedyProposer(use_depth=False) alone
+
+
+def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False,
+                 proposers: str = "default") -> dict:
     """TorchRec's planner in a subprocess (killed after limit_s); uvm: it may also keep tables in host
-    memory (FUSED_UVM_CACHING at the cache load factor its enumerator gives, FUSED_UVM)."""
+    memory (FUSED_UVM_CACHING at the cache load factor its enumerator gives, FUSED_UVM); proposers: one
+    of TORCHREC_PROPOSERS (default: GridSearch, Greedy, Greedy(use_depth=False), Uniform)."""
+    assert proposers in TORCHREC_PROPOSERS, proposers
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"specs": [s.to_dict() for s in specs], "topology": topo.to_dict(), "search_s": search_s,
-                                   "uvm": uvm}))
+                                   "uvm": uvm, "proposers": proposers}))
         cmd = [sys.executable, __file__, "--torchrec-child", str(job), str(out)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=REPO)
         except subprocess.TimeoutExpired:
-            return {"status": "timeout", "detail": f"killed after {limit_s:.0f} s wall clock (search timeout {search_s} s)"}
+            return {"status": "timeout", "detail": f"TorchRec did not finish in {limit_s:.0f} s wall clock (killed; its search "
+                                                   f"timeout_seconds={search_s})"}
         if proc.returncode != 0 or not out.exists():
-            return {"status": "error", "detail": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+            return {"status": "error", "detail": proc.stderr.strip().splitlines()[-1][:400] if proc.stderr.strip() else f"exit {proc.returncode}"}
         return json.loads(out.read_text())
 
 
@@ -116,6 +123,7 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
     from torchrec.distributed.types import CacheParams
     from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -136,7 +144,8 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     planner = EmbeddingShardingPlanner(
         topology=tr_topology, batch_size=topo.batch_size_per_rank, constraints=torchrec_constraints(specs, job.get("uvm", False)),
         storage_reservation=FixedPercentageStorageReservation(topo.reserved_fraction), stats=[], debug=False,
-        timeout_seconds=job["search_s"])
+        timeout_seconds=job["search_s"],
+        proposer=[GreedyProposer(use_depth=False)] if job.get("proposers") == "greedy_no_depth" else None)
     t0, c0 = time.perf_counter(), time.process_time()
     tr_plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
