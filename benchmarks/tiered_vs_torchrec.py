@@ -192,7 +192,8 @@ def markdown(rows: list[dict], args, total_s: float) -> str:
              f"embshard budget {args.embshard_budget_s:g} s; hot_rows of the generated set from {args.samples:,} synthetic samples. "
              "Costs are predicted ms per step of the slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is "
              "cheaper under that model); speedup = TorchRec's planning CPU s / embshard's (TorchRec's CPU s include the "
-             "enumeration of its options, which no time cap of its planner bounds).\n",
+             "enumeration of its options, which no time cap of its planner bounds; '> N' where TorchRec was killed: "
+             "its wall-clock limit / embshard's CPU s).\n",
              "| case | state GiB | fits HBM | embshard ms (es model / tr model) | TorchRec ms (es model / tr model) | "
              "ratio es model | ratio tr model | tables out of HBM (es / tr) | mean hit rate (es / tr) | planning CPU s (es / tr) | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
