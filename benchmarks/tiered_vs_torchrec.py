@@ -20,13 +20,16 @@ default proposers and timeout_seconds=240 (it finishes in seconds; killed after 
 set gets TorchRec's best proposer for it alone, GreedyProposer(use_depth=False): on generate_tables(200,
 seed=0) at 64 ranks (HBM for half of it) its best plan rates 54 ms, the default list's first proposer,
 GreedyProposer(), gets 1,413 ms, and a time cap would end the default list inside that one; with
-`timeout_seconds=--torchrec-search-s` (140) for its search and `--torchrec-limit-s` (400) of wall
+`timeout_seconds=--torchrec-search-s` (200) for its search and `--torchrec-limit-s` (480) of wall
 clock for the whole child, since TorchRec's enumeration of the options comes first and no cap of its
-own bounds it (about 0.1 CPU s per table at 64 ranks: 21 s for 200 tables, 60 s for 600, so about
-200 s for the 2,000). The full run takes about 8 minutes on a quiet 2-core machine, at most about
-9 (the pieces timed here, in CPU seconds: measuring 45, criteo_tb_measured 15, embshard on the set
-12 and again torchrec_compatible 12 where TorchRec cannot run its plan, TorchRec's child up to 400,
-TorchRec's estimate of embshard's plans 17 each).
+own bounds it (about 0.1 CPU s per table at 64 ranks: 21 s for 200 tables, 60 s for 600, so 200 to
+250 s for the 2,000). With 2,000 tables, 64 ranks and its search capped at 140 s on a loaded machine,
+GreedyProposer(use_depth=False) found no plan that fits (the row then says so). TorchRec's runs start
+together once the tables are measured and run beside embshard's (one process each; planning times
+are each process's CPU seconds). The full run takes about 9 minutes on a quiet 2-core machine (the
+pieces timed here, in CPU seconds: measuring 45, then TorchRec's child on the set up to its 480 s limit,
+beside it criteo_tb_measured 15, embshard on the set 12, again torchrec_compatible 12 where TorchRec
+cannot run its plan, and TorchRec's estimate of embshard's plans 17 each).
 
 Each plan is scored by embshard's model (`evaluate`) and by TorchRec's EmbeddingPerfEstimator
 (`torchrec_estimate`; TorchRec's plan by its own rating). Planning times are CPU seconds of the
@@ -46,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_vs_torchrec import REPO, git_commit, layout_mix, run_embshard, run_torchrec, state_bytes, torchrec_model_ms  # noqa: E402
+from planner_vs_torchrec import REPO, TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
 
 from embshard.data.config import SyntheticConfig  # noqa: E402
 from embshard.machine import cpu_model  # noqa: E402
@@ -101,14 +104,12 @@ def fits_hbm(specs: tuple[TableSpec, ...], topo: Topology) -> bool:
     return state_bytes(specs) <= topo.world_size * topo.shard_memory_cap_bytes
 
 
-def row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, tr: dict, search: TorchRecSearch,
-        budget_s: float) -> dict:
-    """One result row. If TorchRec cannot run embshard's plan, its TorchRec-model cost is that of
-    embshard's plan with torchrec_compatible=True (planned here), marked as such."""
+def embshard_row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, budget_s: float) -> dict:
+    """A result row's embshard half, both models. If TorchRec cannot run embshard's plan, its TorchRec-model
+    cost is that of embshard's plan with torchrec_compatible=True (planned here), marked as such."""
     r = {"case": f"{name} on {topo.world_size} x {topo.hbm_gib:g} GiB HBM + {topo.ddr_gib:g} GiB host",
          "state_gib": state_bytes(specs) / GIB, "fits_hbm": fits_hbm(specs, topo), "es_status": es["status"],
-         "tr_status": tr["status"], "tr_search": search.label,
-         "detail": "; ".join(x.get("detail", "") for x in (es, tr) if x.get("detail"))}
+         "detail": es.get("detail", "")}
     if es["status"] == "ok":
         p = ShardingPlan.from_dict(es["plan"])
         tr_ms, why = torchrec_model_ms(p)
@@ -120,6 +121,13 @@ def row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, tr: d
             if runnable["status"] == "ok":
                 rp = ShardingPlan.from_dict(runnable["plan"])
                 r.update(es_tr_ms=torchrec_model_ms(rp)[0], es_tr_fallback=rp.max_rank_ms)
+    return r
+
+
+def row(r: dict, specs: tuple[TableSpec, ...], topo: Topology, tr: dict, search: TorchRecSearch) -> dict:
+    """The embshard half `r` with TorchRec's plan and the ratios added."""
+    r = {**r, "tr_status": tr["status"], "tr_search": search.label,
+         "detail": "; ".join(x for x in (r["detail"], tr.get("detail", "")) if x)}
     if tr["status"] == "ok":
         try:
             tp = evaluate(specs, topo, ShardingPlan.from_dict(tr["plan"]).tables)
@@ -130,6 +138,8 @@ def row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, tr: d
         r.update(tr_cpu_s=tr["cpu_s"], tr_tr_ms=tr["torchrec_rating_ms"], tr_proposals=tr["num_proposals"])
     if tr["status"] == "timeout" and "es_cpu_s" in r:  # TorchRec ran the whole limit, one core
         r["speedup_above"] = search.limit_s / r["es_cpu_s"]
+    elif tr["status"] == "no_plan" and "es_cpu_s" in r:  # the CPU s TorchRec spent finding none
+        r["speedup_above"] = tr["cpu_s"] / r["es_cpu_s"]
     if "es_cpu_s" in r and "tr_cpu_s" in r:
         r["speedup"] = r["tr_cpu_s"] / r["es_cpu_s"]
         if "tr_es_ms" in r:
@@ -192,8 +202,8 @@ def markdown(rows: list[dict], args, total_s: float) -> str:
              f"embshard budget {args.embshard_budget_s:g} s; hot_rows of the generated set from {args.samples:,} synthetic samples. "
              "Costs are predicted ms per step of the slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is "
              "cheaper under that model); speedup = TorchRec's planning CPU s / embshard's (TorchRec's CPU s include the "
-             "enumeration of its options, which no time cap of its planner bounds; '> N' where TorchRec was killed: "
-             "its wall-clock limit / embshard's CPU s).\n",
+             "enumeration of its options, which no time cap of its planner bounds; '> N' where TorchRec found no plan: "
+             "the CPU s it spent / embshard's, or was killed: its wall-clock limit / embshard's CPU s).\n",
              "| case | state GiB | fits HBM | embshard ms (es model / tr model) | TorchRec ms (es model / tr model) | "
              "ratio es model | ratio tr model | tables out of HBM (es / tr) | mean hit rate (es / tr) | planning CPU s (es / tr) | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -225,27 +235,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=None, help="synthetic samples measured (default 15,000; quick 2,000)")
     parser.add_argument("--embshard-budget-s", type=float, default=None, help="default 10 (quick 2)")
     parser.add_argument("--torchrec-search-s", type=int, default=None,
-                        help="TorchRec's timeout_seconds on the generated set (default 140; quick 20)")
+                        help="TorchRec's timeout_seconds on the generated set (default 200; quick 20)")
     parser.add_argument("--torchrec-limit-s", type=float, default=None,
-                        help="wall clock after which TorchRec's child on the generated set is killed (default 400; quick 120)")
+                        help="wall clock after which TorchRec's child on the generated set is killed (default 480; quick 120)")
     parser.add_argument("--markdown", type=Path, help="write the results here (e.g. benchmarks/results/tiered.md)")
     args = parser.parse_args(argv)
     quick = args.quick
     t_start = time.perf_counter()
     args.samples = args.samples or (2000 if quick else 15_000)
     args.embshard_budget_s = args.embshard_budget_s or (2.0 if quick else 10.0)
-    args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 140)
-    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 400.0)
+    args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
+    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 480.0)
     rows = []
-    for name, specs, topo, search in cases(args):
+    todo = cases(args)
+    # TorchRec's runs (one process each) start at once, beside embshard's: the machine's cores run them side by side
+    torchrec_runs = [TorchRecRun(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers)
+                     for _, specs, topo, search in todo]
+    print(f"TorchRec planning {len(todo)} cases in the background ...", flush=True)
+    for (name, specs, topo, search), torchrec_run in zip(todo, torchrec_runs):
         t0 = time.perf_counter()
         es = run_embshard(specs, topo, args.embshard_budget_s)
-        print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); TorchRec planning ({search.label}) ...",
-              flush=True)
-        t0 = time.perf_counter()
-        tr = run_torchrec(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers)
-        print(f"{name}: TorchRec {tr['status']} ({time.perf_counter() - t0:.1f} s); scoring ...", flush=True)
-        r = row(name, specs, topo, es, tr, search, args.embshard_budget_s)
+        print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); scoring it ...", flush=True)
+        half = embshard_row(name, specs, topo, es, args.embshard_budget_s)
+        print(f"{name}: waiting for TorchRec ({search.label}) ...", flush=True)
+        tr = torchrec_run.result()
+        print(f"{name}: TorchRec {tr['status']} ({time.perf_counter() - torchrec_run.start:.1f} s after its start)", flush=True)
+        r = row(half, specs, topo, tr, search)
         rows.append(r)
         print(f"{r['case']}: embshard {_f(r.get('es_es_ms'))} ms (es model) / {_f(r.get('es_tr_ms'))} ms (tr model), TorchRec "
               f"{_f(r.get('tr_es_ms'))} / {_f(r.get('tr_tr_ms'))} ms; ratios {_f(r.get('ratio_es_model'))} (es model), "
