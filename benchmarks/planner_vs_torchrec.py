@@ -184,7 +184,13 @@ def torchrec_child(job_path: str, out_path: str) -> None:
         for name, ps in module_plan.items():
             if ps.compute_kernel == "fused_uvm_caching" and (ps.cache_params is None or ps.cache_params.load_factor is None):
                 module_plan[name] = dataclasses.replace(ps, cache_params=CacheParams(load_factor=UVM_CACHING_RATIO))
-    as_embshard = from_torchrec_plan(tr_plan, specs, topo)
+    try:
+        as_embshard = from_torchrec_plan(tr_plan, specs, topo)
+    except PlanInfeasibleError:  # TorchRec's storage model let it fill a rank past embshard's caps: the
+        # placements go back all the same, scored under caps lifted 4x (costs do not depend on them); the
+        # caller's evaluate with the real topology says what is over
+        lifted = dataclasses.replace(topo, hbm_gib=4 * topo.hbm_gib, ddr_gib=4 * topo.ddr_gib)
+        as_embshard = from_torchrec_plan(tr_plan, specs, lifted)
     Path(out_path).write_text(json.dumps({"status": "ok", "wall_s": wall_s, "cpu_s": cpu_s, "torchrec_rating_ms": rating_ms,
                                           "num_proposals": planner._num_proposals, "plan": as_embshard.to_dict()}))
 
