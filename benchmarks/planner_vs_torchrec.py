@@ -89,21 +89,48 @@ def run_embshard(specs: tuple[TableSpec, ...], topo: Topology, time_budget_s: fl
             "commit": git_commit()}
 
 
-def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False) -> dict:
+TORCHREC_PROPOSERS = ("default", "greedy_no_depth")  # TorchRec's default proposer list, or its GreedyProposer(use_depth=False) alone
+
+
+def run_torchrec(specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False,
+                 proposers: str = "default") -> dict:
     """TorchRec's planner in a subprocess (killed after limit_s); uvm: it may also keep tables in host
-    memory (FUSED_UVM_CACHING at the cache load factor its enumerator gives, FUSED_UVM)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+    memory (FUSED_UVM_CACHING at the cache load factor its enumerator gives, FUSED_UVM); proposers: one
+    of TORCHREC_PROPOSERS (default: GridSearch, Greedy, Greedy(use_depth=False), Uniform)."""
+    return TorchRecRun(specs, topo, limit_s, search_s, uvm, proposers).result()
+
+
+class TorchRecRun:
+    """`run_torchrec` started now, in the background; `result()` waits for it (up to limit_s after the start)."""
+
+    def __init__(self, specs: tuple[TableSpec, ...], topo: Topology, limit_s: float, search_s: int, uvm: bool = False,
+                 proposers: str = "default") -> None:
+        assert proposers in TORCHREC_PROPOSERS, proposers
+        self.limit_s, self.search_s = limit_s, search_s
+        self.tmp = tempfile.TemporaryDirectory()
+        job, self.out = Path(self.tmp.name) / "job.json", Path(self.tmp.name) / "out.json"
         job.write_text(json.dumps({"specs": [s.to_dict() for s in specs], "topology": topo.to_dict(), "search_s": search_s,
-                                   "uvm": uvm}))
-        cmd = [sys.executable, __file__, "--torchrec-child", str(job), str(out)]
+                                   "uvm": uvm, "proposers": proposers}))
+        cmd = [sys.executable, __file__, "--torchrec-child", str(job), str(self.out)]
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+    def result(self) -> dict:
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=REPO)
+            _, stderr = self.proc.communicate(timeout=max(self.limit_s - (time.perf_counter() - self.start), 0.0))
         except subprocess.TimeoutExpired:
-            return {"status": "timeout", "detail": f"killed after {limit_s:.0f} s wall clock (search timeout {search_s} s)"}
-        if proc.returncode != 0 or not out.exists():
-            return {"status": "error", "detail": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
-        return json.loads(out.read_text())
+            self.proc.kill()
+            self.proc.communicate()
+            self.tmp.cleanup()
+            return {"status": "timeout", "detail": f"TorchRec did not finish in {self.limit_s:.0f} s wall clock (killed; its "
+                                                   f"search timeout_seconds={self.search_s})"}
+        try:
+            if self.proc.returncode != 0 or not self.out.exists():
+                return {"status": "error", "detail": stderr.strip().splitlines()[-1][:400] if stderr.strip()
+                        else f"exit {self.proc.returncode}"}
+            return json.loads(self.out.read_text())
+        finally:
+            self.tmp.cleanup()
 
 
 def torchrec_child(job_path: str, out_path: str) -> None:
@@ -116,6 +143,8 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
     from torchrec.distributed.types import CacheParams
     from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.proposers import GreedyProposer
+    from torchrec.distributed.planner.types import PlannerError
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -136,16 +165,32 @@ def torchrec_child(job_path: str, out_path: str) -> None:
     planner = EmbeddingShardingPlanner(
         topology=tr_topology, batch_size=topo.batch_size_per_rank, constraints=torchrec_constraints(specs, job.get("uvm", False)),
         storage_reservation=FixedPercentageStorageReservation(topo.reserved_fraction), stats=[], debug=False,
-        timeout_seconds=job["search_s"])
+        timeout_seconds=job["search_s"],
+        proposer=[GreedyProposer(use_depth=False)] if job.get("proposers") == "greedy_no_depth" else None)
     t0, c0 = time.perf_counter(), time.process_time()
-    tr_plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
+    try:
+        tr_plan = planner.plan(model, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
+    except PlannerError as e:  # no proposal fitted (in the search time): a result, not a crash
+        first_line = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        Path(out_path).write_text(json.dumps({
+            "status": "no_plan", "cpu_s": time.process_time() - c0, "num_proposals": planner._num_proposals,
+            "detail": f"TorchRec's planner found no plan that fits in {time.perf_counter() - t0:.0f} s "
+                      f"({time.process_time() - c0:.0f} CPU s, {planner._num_proposals} proposals, "
+                      f"timeout_seconds={job['search_s']}): {e.error_type.value}: {first_line}"}))
+        return
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     rating_ms = NoopPerfModel(tr_topology).rate(planner._best_plan)
     for module_plan in tr_plan.plan.values():  # a cached table without cache_params runs at TorchRec's default load factor
         for name, ps in module_plan.items():
             if ps.compute_kernel == "fused_uvm_caching" and (ps.cache_params is None or ps.cache_params.load_factor is None):
                 module_plan[name] = dataclasses.replace(ps, cache_params=CacheParams(load_factor=UVM_CACHING_RATIO))
-    as_embshard = from_torchrec_plan(tr_plan, specs, topo)
+    try:
+        as_embshard = from_torchrec_plan(tr_plan, specs, topo)
+    except PlanInfeasibleError:  # TorchRec's storage model let it fill a rank past embshard's caps: the
+        # placements go back all the same, scored under caps lifted 4x (costs do not depend on them); the
+        # caller's evaluate with the real topology says what is over
+        lifted = dataclasses.replace(topo, hbm_gib=4 * topo.hbm_gib, ddr_gib=4 * topo.ddr_gib)
+        as_embshard = from_torchrec_plan(tr_plan, specs, lifted)
     Path(out_path).write_text(json.dumps({"status": "ok", "wall_s": wall_s, "cpu_s": cpu_s, "torchrec_rating_ms": rating_ms,
                                           "num_proposals": planner._num_proposals, "plan": as_embshard.to_dict()}))
 

@@ -7,13 +7,32 @@ Cases (neither fits the cluster's HBM; host memory for tables `--ddr-gib` per ra
 - criteo_tb_measured (embshard/configs/tables/: criteo_tb with pooling factors and hot_rows that
   `embshard-stats` measured on the synthetic Criteo stream) on 8 ranks x 8 GiB of HBM;
 - generate_tables(2000, seed=0) with hot_rows measured here (embshard.stats.measure) from the
-  synthetic stream with Zipf skew `--id-skew`, on 64 ranks x `--gen-hbm-gib` (default 8: the set's
+  synthetic stream with Zipf skew `--id-skew` (`--samples` of it, 15,000 by default: measuring takes
+  about 3 CPU ms per sample for the 2,000 tables), on 64 ranks x `--gen-hbm-gib` (default 8: the set's
   594 GiB of weights and optimizer state fit 64 x 16 GiB of HBM, so 16 would not test tiers).
 TorchRec plans the same topology (`to_torchrec_topology`: HBM, host memory as ddr_cap, ddr_gb_per_s
 as its HBM-to-DDR bandwidth), batch size, pooling factors and sharding types, with the compute
 kernels fused, dense, fused_uvm_caching and fused_uvm allowed (`torchrec_constraints(uvm=True)`)
 and the cache load factor its enumerator gives (TorchRec's default, 0.2, where it sets none),
-in a subprocess (benchmarks/planner_vs_torchrec.py's child) with a wall-clock limit.
+in a subprocess (benchmarks/planner_vs_torchrec.py's child) with a wall-clock limit after which the
+case reports "TorchRec did not finish in N s" and the run goes on. criteo_tb_measured gets TorchRec's
+default proposers and timeout_seconds=240 (it finishes in seconds; killed after 120 s). The 2,000-table
+set gets TorchRec's best proposer for it alone, GreedyProposer(use_depth=False): on generate_tables(200,
+seed=0) at 64 ranks (HBM for half of it) its best plan rates 54 ms, the default list's first proposer,
+GreedyProposer(), gets 1,413 ms, and a time cap would end the default list inside that one; with
+`timeout_seconds=--torchrec-search-s` (200) for its search and `--torchrec-limit-s` (480) of wall
+clock for the whole child, since TorchRec's enumeration of the options comes first and no cap of its
+own bounds it (about 0.1 CPU s per table at 64 ranks: 21 s for 200 tables, 60 s for 600, so 200 to
+250 s for the 2,000). With 2,000 tables, 64 ranks and its search capped at 140 s on a loaded machine,
+GreedyProposer(use_depth=False) found no plan that fits (the row then says so); with 200 s it found
+one, over embshard's HBM caps (TorchRec counts fewer bytes of I/O buffers: 1.07 GiB a rank in
+embshard's model at 2,000 tables), whose embshard-model cost is then given without the caps, marked +.
+TorchRec's runs start
+together once the tables are measured and run beside embshard's (one process each; planning times
+are each process's CPU seconds). The full run takes about 9 minutes on a quiet 2-core machine (the
+pieces timed here, in CPU seconds: measuring 45, then TorchRec's child on the set up to its 480 s limit,
+beside it criteo_tb_measured 15, embshard on the set 12, again torchrec_compatible 12 where TorchRec
+cannot run its plan, and TorchRec's estimate of embshard's plans 17 each).
 
 Each plan is scored by embshard's model (`evaluate`) and by TorchRec's EmbeddingPerfEstimator
 (`torchrec_estimate`; TorchRec's plan by its own rating). Planning times are CPU seconds of the
@@ -28,16 +47,18 @@ import datetime
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_vs_torchrec import REPO, git_commit, layout_mix, run_embshard, run_torchrec, state_bytes, torchrec_model_ms  # noqa: E402
+from planner_vs_torchrec import REPO, TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
 
 from embshard.data.config import SyntheticConfig  # noqa: E402
 from embshard.machine import cpu_model  # noqa: E402
 from embshard.planner import PlanInfeasibleError, evaluate  # noqa: E402
 from embshard.planner.plan import ShardingPlan  # noqa: E402
+from embshard.planner.types import Location  # noqa: E402
 from embshard.planner.report import tiered_tables  # noqa: E402
 from embshard.specs import TableSpec, load_tables_file  # noqa: E402
 from embshard.stats.measure import measure, measured_spec  # noqa: E402
@@ -54,15 +75,31 @@ def measured_tables(specs: tuple[TableSpec, ...], id_skew: float, num_samples: i
     return tuple(measured_spec(s, stats[s.name]) for s in specs)
 
 
-def cases(args) -> list[tuple[str, tuple[TableSpec, ...], Topology]]:
+@dataclass(frozen=True)
+class TorchRecSearch:
+    """What TorchRec's planner is given for one case."""
+
+    proposers: str  # planner_vs_torchrec.TORCHREC_PROPOSERS
+    search_s: int  # its timeout_seconds
+    limit_s: float  # wall clock for the whole child, after which it is killed
+
+    @property
+    def label(self) -> str:
+        names = {"default": "default proposers", "greedy_no_depth": "GreedyProposer(use_depth=False)"}
+        return f"{names[self.proposers]}, timeout_seconds={self.search_s}, killed after {self.limit_s:g} s"
+
+
+def cases(args) -> list[tuple[str, tuple[TableSpec, ...], Topology, TorchRecSearch]]:
     tb, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml")
     out = [("criteo_tb_measured", tb, Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=args.ddr_gib,
-                                               batch_size_per_rank=4096))]  # the batch of the file's topology (README's dry run)
+                                               batch_size_per_rank=4096),  # the batch of the file's topology (README's dry run)
+            TorchRecSearch("default", 240, 120.0))]
     n, world = (100, 8) if args.quick else (2000, 64)
     print(f"measuring hot_rows of {n} generated tables from {args.samples:,} synthetic samples ...", flush=True)
     gen = measured_tables(generate_tables(n, seed=0), args.id_skew, args.samples)
     hbm = args.gen_hbm_gib if not args.quick else math.ceil(50 * state_bytes(gen) / world / GIB / 0.9) / 100  # half fits
-    out.append((f"generated {n}", gen, Topology(world_size=world, local_world_size=8, hbm_gib=hbm, ddr_gib=args.ddr_gib)))
+    out.append((f"generated {n}", gen, Topology(world_size=world, local_world_size=8, hbm_gib=hbm, ddr_gib=args.ddr_gib),
+                TorchRecSearch("greedy_no_depth", args.torchrec_search_s, args.torchrec_limit_s)))
     return out
 
 
@@ -70,23 +107,44 @@ def fits_hbm(specs: tuple[TableSpec, ...], topo: Topology) -> bool:
     return state_bytes(specs) <= topo.world_size * topo.shard_memory_cap_bytes
 
 
-def row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, tr: dict) -> dict:
+def embshard_row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, budget_s: float) -> dict:
+    """A result row's embshard half, both models. If TorchRec cannot run embshard's plan, its TorchRec-model
+    cost is that of embshard's plan with torchrec_compatible=True (planned here), marked as such."""
     r = {"case": f"{name} on {topo.world_size} x {topo.hbm_gib:g} GiB HBM + {topo.ddr_gib:g} GiB host",
          "state_gib": state_bytes(specs) / GIB, "fits_hbm": fits_hbm(specs, topo), "es_status": es["status"],
-         "tr_status": tr["status"], "detail": "; ".join(x.get("detail", "") for x in (es, tr) if x.get("detail"))}
+         "detail": es.get("detail", "")}
     if es["status"] == "ok":
         p = ShardingPlan.from_dict(es["plan"])
         tr_ms, why = torchrec_model_ms(p)
         tiered = tiered_tables(p)
         r.update(es_cpu_s=es["cpu_s"], es_es_ms=p.max_rank_ms, es_tr_ms=tr_ms, es_tr_why=why, es_mix=layout_mix(p),
-                 es_tiered=len(tiered), es_hit=_mean_hit(tiered), lower_bound_ms=p.lower_bound_ms)
+                 es_tiered=len(tiered), es_hit=_mean_hit(tiered), lower_bound_ms=p.lower_bound_ms, es_shares=_cache_shares(p))
+        if tr_ms is None:
+            runnable = run_embshard(specs, topo, budget_s, torchrec_compatible=True)
+            if runnable["status"] == "ok":
+                rp = ShardingPlan.from_dict(runnable["plan"])
+                r.update(es_tr_ms=torchrec_model_ms(rp)[0], es_tr_fallback=rp.max_rank_ms)
+    return r
+
+
+def row(r: dict, specs: tuple[TableSpec, ...], topo: Topology, tr: dict, search: TorchRecSearch) -> dict:
+    """The embshard half `r` with TorchRec's plan and the ratios added."""
+    r = {**r, "tr_status": tr["status"], "tr_search": search.label,
+         "detail": "; ".join(x for x in (r["detail"], tr.get("detail", "")) if x)}
     if tr["status"] == "ok":
+        tp = ShardingPlan.from_dict(tr["plan"])
         try:
-            tp = evaluate(specs, topo, ShardingPlan.from_dict(tr["plan"]).tables)
-            r.update(tr_es_ms=tp.max_rank_ms, tr_tiered=len(tiered_tables(tp)), tr_hit=_mean_hit(tiered_tables(tp)))
-        except PlanInfeasibleError as e:
-            r["tr_es_why"] = f"over embshard's memory caps: {str(e)[:160]}"
-        r.update(tr_cpu_s=tr["cpu_s"], tr_tr_ms=tr["torchrec_rating_ms"])
+            tp = evaluate(specs, topo, tp.tables)
+        except PlanInfeasibleError as e:  # the child scored it under lifted caps (costs do not depend on them)
+            r["tr_es_why"] = (f"(cost marked +) is over embshard's memory caps ({str(e)[:240]} ...); its cost under "
+                              "embshard's model is without them")
+        r.update(tr_es_ms=tp.max_rank_ms, tr_tiered=len(tiered_tables(tp)), tr_hit=_mean_hit(tiered_tables(tp)),
+                 tr_shares=_cache_shares(tp))
+        r.update(tr_cpu_s=tr["cpu_s"], tr_tr_ms=tr["torchrec_rating_ms"], tr_proposals=tr["num_proposals"])
+    if tr["status"] == "timeout" and "es_cpu_s" in r:  # TorchRec ran the whole limit, one core
+        r["speedup_above"] = search.limit_s / r["es_cpu_s"]
+    elif tr["status"] == "no_plan" and "es_cpu_s" in r:  # the CPU s TorchRec spent finding none
+        r["speedup_above"] = tr["cpu_s"] / r["es_cpu_s"]
     if "es_cpu_s" in r and "tr_cpu_s" in r:
         r["speedup"] = r["tr_cpu_s"] / r["es_cpu_s"]
         if "tr_es_ms" in r:
@@ -94,6 +152,17 @@ def row(name: str, specs: tuple[TableSpec, ...], topo: Topology, es: dict, tr: d
         if r.get("es_tr_ms") is not None:
             r["ratio_tr_model"] = r["es_tr_ms"] / r["tr_tr_ms"]
     return r
+
+
+def _cache_shares(p: ShardingPlan) -> str:
+    """Tables out of HBM by cache share of their rows (host: none), e.g. '4 x 20%'."""
+    counts: dict[str, int] = {}
+    for t in p.tables:
+        if t.shards[0].location is not Location.HBM:
+            share = sum(s.cache_rows for s in t.shards) / sum(s.num_rows for s in t.shards)
+            key = f"{share:.0%}" if t.shards[0].location is Location.UVM_CACHE else "host"
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {k}" for k, n in sorted(counts.items())) or "none"
 
 
 def _mean_hit(tiered: list[tuple[str, str, int, float]]) -> float | None:
@@ -105,27 +174,61 @@ def _f(v, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def markdown(rows: list[dict], args) -> str:
-    lines = [f"# Tiered plans vs TorchRec's planner with UVM caching\n",
+FINDING = """## Why TorchRec's model scored embshard's first tiered plans 3.2x worse (hand-written)
+
+The conversion is exact: TorchRec's cost model applied to TorchRec's own plan through `torchrec_estimate` gives its
+planner's rating (criteo_tb_measured: 8.20995 ms both); tiered shards export as `fused_uvm_caching` with
+`cache_load_factor` = cache rows / rows (`fused_uvm` in host memory), pooling factors and batch are the same. The
+models differ in how they price a cached lookup: TorchRec's EmbeddingPerfEstimator reads every row of a cached
+table at (load_factor x HBM bandwidth + (1 - load_factor) x HBM-to-host bandwidth) / 10, so its hit rate is the load
+factor (ids uniform) and even hits pay a 10x UVM penalty; embshard takes the hit rate from the table's measured
+`hot_rows` curve and prices only the misses (fetch and evict) at host bandwidth. The curves of criteo_tb's big
+tables reach 1.0 at 1% of their rows (a million samples touch fewer rows than that), so every cache share from 1%
+up cost embshard's model the same and its search kept 1% caches, leaving most of the HBM idle, while TorchRec read
+those tables at (0.01 x 1500 + 0.99 x 25) / 10 = 4.0 GB/s: 26.2 ms against its own plan's 8.2 ms (20% caches,
+row-split). Neither the conversion nor embshard's miss pricing was wrong; the search left HBM unused that costs
+nothing to give. Since then (`embshard/planner/search/caches.py`) spare HBM goes to the caches of tables out of HBM
+after the search, as far as each rank's HBM allows and no rank's time rises: the same plan at 20% caches costs
+embshard's model the same 0.607 ms and TorchRec's 3.88 ms. What remains different: a curve measured on fewer
+lookups than the table has rows overstates the hit rate of small caches (Zipf 1.1 over 45.8M rows gives 89% at 1%
+of them, the curve 100%), and TorchRec's model ignores skew altogether. The second is what separates the models
+where HBM is full (the generated sets): embshard's model spends HBM on other tables and keeps caches small, whose
+misses it prices at a fraction of TorchRec's price. That is not the sampling: planned with the synthetic stream's
+exact curves instead (`--quick`'s 100 generated tables on 8 ranks), embshard's plan costs 0.740 ms under its
+model, its torchrec_compatible plan (caches 3 x 20%, 3 x 5%, 2 x 1%) 0.745 ms and 4.30 ms under TorchRec's;
+TorchRec's plan 1.142 and 2.605 ms (6 x 20%). Which model is right about small caches needs the kernels on a GPU.
+"""
+
+
+def markdown(rows: list[dict], args, total_s: float) -> str:
+    lines = ["# Tiered plans vs TorchRec's planner with UVM caching\n",
              f"`{COMMAND}`{' --quick' if args.quick else ''} on {cpu_model()}, "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, embshard {git_commit()}; embshard budget "
-             f"{args.embshard_budget_s:g} s, TorchRec search {args.torchrec_search_s} s. Costs are predicted ms per step of the "
-             "slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is cheaper under that model); speedup = "
-             "TorchRec's planning CPU s / embshard's.\n",
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, embshard {git_commit()}, {total_s:.0f} s in all; "
+             f"embshard budget {args.embshard_budget_s:g} s; hot_rows of the generated set from {args.samples:,} synthetic samples. "
+             "Costs are predicted ms per step of the slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is "
+             "cheaper under that model); speedup = TorchRec's planning CPU s / embshard's (TorchRec's CPU s include the "
+             "enumeration of its options, which no time cap of its planner bounds; '> N' where TorchRec found no plan: "
+             "the CPU s it spent / embshard's, or was killed: its wall-clock limit / embshard's CPU s).\n",
              "| case | state GiB | fits HBM | embshard ms (es model / tr model) | TorchRec ms (es model / tr model) | "
              "ratio es model | ratio tr model | tables out of HBM (es / tr) | mean hit rate (es / tr) | planning CPU s (es / tr) | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        speedup = f"> {r['speedup_above']:.0f}" if "speedup_above" in r else _f(r.get("speedup"), ".1f")
         lines.append(
             f"| {r['case']} | {r['state_gib']:.1f} | {'yes' if r['fits_hbm'] else 'no'} | {_f(r.get('es_es_ms'))} / "
-            f"{_f(r.get('es_tr_ms'))} | {_f(r.get('tr_es_ms'))} / {_f(r.get('tr_tr_ms'))} | {_f(r.get('ratio_es_model'))} | "
+            f"{_f(r.get('es_tr_ms'))}{'*' if 'es_tr_fallback' in r else ''} | {_f(r.get('tr_es_ms'))}{'+' if 'tr_es_why' in r else ''} / {_f(r.get('tr_tr_ms'))} | {_f(r.get('ratio_es_model'))} | "
             f"{_f(r.get('ratio_tr_model'))} | {r.get('es_tiered', '-')} / {r.get('tr_tiered', '-')} | "
             f"{_f(r.get('es_hit'), '.1%')} / {_f(r.get('tr_hit'), '.1%')} | {_f(r.get('es_cpu_s'), '.2f')} / "
-            f"{_f(r.get('tr_cpu_s'), '.2f')} | {_f(r.get('speedup'), '.1f')} |")
-    notes = [f"- {r['case']}: embshard {r['es_status']}, TorchRec {r['tr_status']}"
-             + (f" ({r['detail']})" if r["detail"] else "") + (f"; {r['es_tr_why']}" if r.get("es_tr_why") else "")
-             + (f"; TorchRec's plan {r['tr_es_why']}" if r.get("tr_es_why") else "") for r in rows]
-    return "\n".join(lines + ["", *notes, ""])
+            f"{_f(r.get('tr_cpu_s'), '.2f')} | {speedup} |")
+    notes = [f"- {r['case']}: embshard {r['es_status']}, TorchRec {r['tr_status']} ({r['tr_search']}"
+             + (f"; {r['tr_proposals']} proposals" if "tr_proposals" in r else "") + ")"
+             + (f"; {r['detail']}" if r["detail"] else "") + (f"; {r['es_tr_why'].split('. To export')[0]}" if r.get("es_tr_why") else "")
+             + (f"; * TorchRec cannot run that layout, so its TorchRec-model cost is that of embshard's plan with "
+                f"torchrec_compatible=True ({r['es_tr_fallback']:.3f} ms under embshard's model)" if "es_tr_fallback" in r else "")
+             + (f"; TorchRec's plan {r['tr_es_why']}" if r.get("tr_es_why") else "")
+             + f"; cache shares of the tables out of HBM: embshard {r.get('es_shares', '-')}, TorchRec {r.get('tr_shares', '-')}"
+             for r in rows]
+    return "\n".join(lines + ["", *notes, "", FINDING])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,30 +237,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ddr-gib", type=float, default=64.0, help="host memory per rank for tables")
     parser.add_argument("--gen-hbm-gib", type=float, default=8.0, help="HBM per rank of the generated set's 64 ranks")
     parser.add_argument("--id-skew", type=float, default=1.1, help="Zipf exponent of the synthetic stream's ids")
-    parser.add_argument("--samples", type=int, default=None, help="synthetic samples measured (default 100,000; quick 2,000)")
+    parser.add_argument("--samples", type=int, default=None, help="synthetic samples measured (default 15,000; quick 2,000)")
     parser.add_argument("--embshard-budget-s", type=float, default=None, help="default 10 (quick 2)")
-    parser.add_argument("--torchrec-search-s", type=int, default=None, help="TorchRec's timeout_seconds (default 240; quick 20)")
-    parser.add_argument("--torchrec-limit-s", type=float, default=None, help="wall-clock kill limit (default 900; quick 120)")
+    parser.add_argument("--torchrec-search-s", type=int, default=None,
+                        help="TorchRec's timeout_seconds on the generated set (default 200; quick 20)")
+    parser.add_argument("--torchrec-limit-s", type=float, default=None,
+                        help="wall clock after which TorchRec's child on the generated set is killed (default 480; quick 120)")
     parser.add_argument("--markdown", type=Path, help="write the results here (e.g. benchmarks/results/tiered.md)")
     args = parser.parse_args(argv)
     quick = args.quick
-    args.samples = args.samples or (2000 if quick else 100_000)
+    t_start = time.perf_counter()
+    args.samples = args.samples or (2000 if quick else 15_000)
     args.embshard_budget_s = args.embshard_budget_s or (2.0 if quick else 10.0)
-    args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 240)
-    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 900.0)
+    args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
+    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 480.0)
     rows = []
-    for name, specs, topo in cases(args):
+    todo = cases(args)
+    # TorchRec's runs (one process each) start at once, beside embshard's: the machine's cores run them side by side
+    torchrec_runs = [TorchRecRun(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers)
+                     for _, specs, topo, search in todo]
+    print(f"TorchRec planning {len(todo)} cases in the background ...", flush=True)
+    for (name, specs, topo, search), torchrec_run in zip(todo, torchrec_runs):
         t0 = time.perf_counter()
         es = run_embshard(specs, topo, args.embshard_budget_s)
-        print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); TorchRec planning ...", flush=True)
-        tr = run_torchrec(specs, topo, args.torchrec_limit_s, args.torchrec_search_s, uvm=True)
-        r = row(name, specs, topo, es, tr)
+        print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); scoring it ...", flush=True)
+        half = embshard_row(name, specs, topo, es, args.embshard_budget_s)
+        print(f"{name}: waiting for TorchRec ({search.label}) ...", flush=True)
+        tr = torchrec_run.result()
+        print(f"{name}: TorchRec {tr['status']} ({time.perf_counter() - torchrec_run.start:.1f} s after its start)", flush=True)
+        r = row(half, specs, topo, tr, search)
         rows.append(r)
         print(f"{r['case']}: embshard {_f(r.get('es_es_ms'))} ms (es model) / {_f(r.get('es_tr_ms'))} ms (tr model), TorchRec "
               f"{_f(r.get('tr_es_ms'))} / {_f(r.get('tr_tr_ms'))} ms; ratios {_f(r.get('ratio_es_model'))} (es model), "
               f"{_f(r.get('ratio_tr_model'))} (tr model); planning speedup {_f(r.get('speedup'), '.1f')}x"
-              + (f"; {r['detail']}" if r["detail"] else ""), flush=True)
-    text = markdown(rows, args)
+              + (f"; {r['detail']}" if r["detail"] else "") + f" ({time.perf_counter() - t_start:.0f} s so far)", flush=True)
+    text = markdown(rows, args, time.perf_counter() - t_start)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,9 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # a picture gi
 BAD = {
     "bad_spec": (["--config-dir", "{user}", "tables=badspec"], "tables[1] (b).num_embeddings: must be a positive integer, got -5"),
     "infeasible": (["topology.world_size=2", "topology.local_world_size=2", "topology.hbm_gib=0.05"], "cat_2"),
+    "host_memory_short": (["tables=criteo_tb_measured", "topology.world_size=8", "topology.hbm_gib=8", "topology.ddr_gib=2"],
+                          "host memory at least 13.2 GiB short (with HBM used to the full they need 29.2 GiB of it, "
+                          "8 ranks x topology.ddr_gib=2 = 16.0 GiB)"),
     "buffers_fill_rank": (["topology.hbm_gib=0.5", "topology.batch_size_per_rank=65536"],
                           "every rank needs 1.62 GiB of buffers for its own 65536 samples"),
     "not_whole_hosts": (["topology.world_size=12"], "topology.world_size: 12 is not a multiple of local_world_size 8"),
@@ -165,6 +168,12 @@ def test_bad_input_is_one_line(runs, name):
     assert lines[0].startswith("embshard-plan: error: ")
     assert BAD[name][1] in lines[0]
     assert not (out / "plan.json").exists()
+
+
+def test_host_memory_shortfall_names_the_hbm_one_too(runs):
+    message = runs["host_memory_short"][2]
+    assert "HBM at least 13.8 GiB short (with host memory used to the full they need 70.5 GiB of it" in message
+    assert "raise topology.ddr_gib or topology.hbm_gib" in message
 
 
 def test_infeasible_names_the_fix(runs):

@@ -25,6 +25,7 @@ from embshard.planner.cost.storage import data_parallel_storage, holder_storage,
 from embshard.planner.cost.tiers import cache_rows
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
+from embshard.planner.search.caches import grow_caches
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
@@ -62,7 +63,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. With
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
-    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers). The
+    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), and then gives the HBM
+    it left to those tables' caches where no rank's time rises (embshard.planner.search.caches). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
@@ -115,6 +117,12 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         bound = max(bound, ilp_bound)
         method += f"+{note}"
         clock.lap("ilp")
+    grown, finished = grow_caches(state, clock.end)  # a fast pass (a cost array per table moved): it may use the report's reserve
+    if not finished:
+        clock.skip("grow_caches (out of time; some tables out of HBM keep the cache the search chose)")
+    if grown:
+        method += f"+grow_caches({grown} tables)"
+    clock.lap("grow_caches")
     if not rank_order_rows(state, clock.search_deadline):
         clock.skip("rank_order_rows (out of time; some row blocks are not in rank order)")
     clock.lap("rank_order_rows")

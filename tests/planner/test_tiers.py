@@ -13,7 +13,7 @@ from embshard.planner import PlanInfeasibleError, ShardingPlan, evaluate, plan
 from embshard.planner.plan import SCHEMA_VERSION
 from embshard.planner.cost.perf import ID_BYTES, OUTPUT_BYTES, expected_distinct_rows, holder_perf, row_bytes
 from embshard.planner.cost.storage import holder_storage, requester_storage
-from embshard.planner.cost.tiers import CACHE_SLOT_BYTES, hit_rate
+from embshard.planner.cost.tiers import CACHE_FRACTIONS, CACHE_SLOT_BYTES, cache_rows, hit_rate
 from embshard.planner.report import chart, rank_table, summary, tiered_tables
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.problem import RankState, build_problem
@@ -263,3 +263,27 @@ def test_a_topology_without_host_memory_serialises_and_hashes_as_before():
     raw = json.loads(V2_FILE.read_text())  # main's plan, before tiers: its input hash is reproduced
     p = ShardingPlan.load(V2_FILE)
     assert evaluate(p.specs, p.topology, p.tables).input_hash == raw["input_hash"]
+
+
+def test_spare_hbm_goes_to_the_caches_at_no_cost_in_time():
+    """Curves that reach 1 at 1% of rows: every cache share from 1% up costs the same time, so the
+    search alone leaves HBM idle; the caches then grow into it (embshard/planner/search/caches.py),
+    each as far as its rank's HBM allows, and the plan costs what it did."""
+    specs, topo, constraints = _over_hbm()
+    specs = [replace(s, hot_rows=((0.001, 0.9), (0.01, 1.0))) for s in specs]
+    p = plan(specs, topo, constraints, time_budget_s=2)
+    assert "grow_caches" in p.search["method"] and p.max_rank_ms == pytest.approx(p.search["scored_ms"], rel=1e-9)
+    out = [t for t in p.tables if t.shards[0].location is not Location.HBM]
+    assert out and all(t.shards[0].location is Location.UVM_CACHE for t in out)
+    assert any(t.shards[0].cache_rows > cache_rows(t.shards[0].num_rows, CACHE_FRACTIONS[0]) for t in out)
+    at_smallest = [replace(t, shards=tuple(replace(s, cache_rows=cache_rows(s.num_rows, CACHE_FRACTIONS[0])) for s in t.shards))
+                   if t in out else t for t in p.tables]
+    assert evaluate(specs, topo, at_smallest).max_rank_ms == pytest.approx(p.max_rank_ms, rel=1e-9)
+    for t in out:  # the next tier up (a larger offered share, or HBM whole) does not fit its rank
+        s = t.shards[0]
+        share = s.cache_rows / s.num_rows
+        larger = [replace(s, cache_rows=cache_rows(s.num_rows, f)) for f in CACHE_FRACTIONS if f > share + 1e-9]
+        for bigger in larger + [replace(s, location=Location.HBM, cache_rows=0)]:
+            grown = [replace(u, shards=(bigger,)) if u is t else u for u in p.tables]
+            with pytest.raises(PlanInfeasibleError, match="exceed"):
+                evaluate(specs, topo, grown)
