@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embshard.comms import CommsPrecision
-from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd
+from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd, reduce_scatter
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -55,3 +55,10 @@ def wire_all_reduce_(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
     wire = flat.to(TORCH_DTYPES[dtype])
     all_reduce(wire, pg)
     return flat.copy_(wire)
+
+
+def wire_reduce_scatter(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
+    """`embshard.runtime.comm.reduce_scatter` of ``flat`` on the wire (and in the sum) as ``dtype``; fp32 back."""
+    if dtype == "fp32":
+        return reduce_scatter(flat, pg)
+    return reduce_scatter(flat.to(TORCH_DTYPES[dtype]), pg).float()

@@ -4,6 +4,7 @@ every rank as JSON, reported, and saved beside the run's other outputs."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +25,9 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
             check_plan_file(plan, settings, ctx.world_size)
         else:
             p = settings.planner
-            plan = planner.plan(settings.specs, settings.topology, settings.constraints, time_budget_s=p.time_budget_s,
+            # optim.sharded_update shards data-parallel tables' updates too: planned (memory) and run as the plan says
+            topology = replace(settings.topology, sharded_dp_update=settings.optim.sharded_update)
+            plan = planner.plan(settings.specs, topology, settings.constraints, time_budget_s=p.time_budget_s,
                                 use_ilp=p.use_ilp, ilp_time_s=p.ilp_time_s, torchrec_compatible=p.torchrec_compatible,
                                 comms=p.comms)
         return plan.to_json(), time.perf_counter() - t0
@@ -48,6 +51,10 @@ def check_plan_file(plan: ShardingPlan, settings: TrainSettings, world_size: int
     if plan.topology.world_size != world_size:
         raise ValueError(f"{where}: the plan is for {plan.topology.world_size} ranks but {world_size} run; plan again "
                          f"with topology.world_size={world_size}, or drop plan_file to plan at start")
+    if plan.topology.sharded_dp_update != settings.optim.sharded_update:
+        raise ValueError(f"{where}: the plan has topology.sharded_dp_update={plan.topology.sharded_dp_update} but this run "
+                         f"optim.sharded_update={settings.optim.sharded_update}; set optim.sharded_update="
+                         f"{str(plan.topology.sharded_dp_update).lower()}, or drop plan_file to plan at start")
     planned = {s.name: s for s in plan.specs}
     missing = [s.name for s in settings.specs if s.name not in planned]
     extra = sorted(set(planned) - {s.name for s in settings.specs})

@@ -67,7 +67,7 @@ from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
 from embshard.planner.types import Location, Perf, ShardingType
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, dp_allreduce_floats_per_row
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 SECTOR_BYTES = 32
@@ -272,14 +272,15 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(N * (D + 1) * wire_bytes(topo, "dp_allreduce"), topo) + collective_fixed_ms(topo, 2),  # gradient, ids per row
+        dp_allreduce_ms=allreduce_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D) * wire_bytes(topo, "dp_allreduce"), topo)
+        + collective_fixed_ms(topo, 2),
     ), topo)
 
 
 def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
     """Bytes each rank all-reduces per step for a table's hot replica (cost/hot_rows.py): what the runtime's
-    flat buffer holds, fp32 gradient rows and one count per row (priced as the gradient: `data_parallel_perf`)."""
-    return num_hot_rows * (spec.embedding_dim + 1) * GRAD_BYTES
+    flat buffer holds, fp32 gradient rows and adam's count per row (priced as the gradient: `data_parallel_perf`)."""
+    return num_hot_rows * dp_allreduce_floats_per_row(spec.optimizer, spec.embedding_dim) * GRAD_BYTES
 
 
 def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
