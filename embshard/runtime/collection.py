@@ -282,9 +282,9 @@ class _ShardedCollection(nn.Module):
         for table, (kernel, i, slot) in self._blocks().items():
             spec = self._spec(table)
             weight, state = kernel.block_weights()[i].detach(), kernel.block_states()[i]
-            if id(kernel) in self._state_owner:  # gathered whole (a collective), or loaded piecewise (`_load_state`)
-                owner, k = self._state_owner[id(kernel)]
-                state = owner.table_state(k, i) if copy else {}
+            if id(kernel) in self._state_owner:  # gathered whole (a collective), or whole-table buffers to load
+                owner, k = self._state_owner[id(kernel)]  # into (`_load_from_state_dict` hands them over)
+                state = owner.table_state(k, i) if copy else owner.table_state_buffers(k, i)
             out[table] = TableShard(
                 table, weight.clone() if copy else weight, slot.row_offset, slot.col_offset,
                 (spec.num_embeddings, spec.embedding_dim), spec.optimizer,
@@ -311,6 +311,7 @@ class _ShardedCollection(nn.Module):
                     live.weight.copy_(weight)
                     for name, tensor in state.items():
                         live.optimizer_state[name].copy_(tensor)
+                    self._hand_over_state(table, live, {})
                     continue
                 key = prefix + table
                 if key not in state_dict:
@@ -321,14 +322,18 @@ class _ShardedCollection(nn.Module):
                 if isinstance(value, TableShard):
                     for name, tensor in live.optimizer_state.items():
                         tensor.copy_(value.optimizer_state[name])
-                    kernel, i, _ = self._blocks()[table]
-                    if id(kernel) in self._state_owner:
-                        owner, k = self._state_owner[id(kernel)]
-                        owner.load_table_state(k, i, value.optimizer_state)
-                        if "step" in value.optimizer_state:
-                            kernel.step.copy_(value.optimizer_state["step"])
+                    self._hand_over_state(table, live, value.optimizer_state)
         known = {prefix + s.name for s in self.table_specs}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):] and k not in known)
+
+    def _hand_over_state(self, table: str, live: TableShard, loaded: Mapping[str, Tensor]) -> None:
+        """Sharded updates: this rank's pieces of a table's loaded state go to its DenseReplicas (and adam's step)."""
+        kernel, i, _ = self._blocks()[table]
+        if id(kernel) in self._state_owner:
+            owner, k = self._state_owner[id(kernel)]
+            owner.load_table_state(k, i, live.optimizer_state)
+            if "step" in loaded:
+                kernel.step.copy_(loaded["step"])
 
     def load_tables(self, tables: Mapping[str, Tensor]) -> None:
         """Copy this rank's blocks out of full (unsharded) tables; optimizer state is left as is."""

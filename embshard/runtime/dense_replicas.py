@@ -178,8 +178,7 @@ class DenseReplicas:
     def table_state(self, kernel: int, block: int) -> dict[str, Tensor]:
         """Sharded: a block's whole optimizer state, gathered from the ranks' pieces (a collective: every rank
         calls it, in the same order), and adam's step."""
-        k = next(i for i, st in enumerate(self.stacks) if st.kernel == kernel and block in st.blocks)
-        b = self.stacks[k].blocks.index(block)
+        k, b = self._stack_of(kernel, block)
         parts = [p for p in self.pieces if p.stack == k and p.block == b]
         out = {"step": self.kernels[kernel].step} if self.specs[kernel].optimizer == "adam" else {}
         for name, local in self.piece_state[(k, b)].items():
@@ -191,10 +190,19 @@ class DenseReplicas:
             out[name] = torch.cat([gathered[p.rank * rows:p.rank * rows + p.num_rows] for p in parts])
         return out
 
+    def _stack_of(self, kernel: int, block: int) -> tuple[int, int]:
+        """(stack, index in its blocks) of a kernel's block."""
+        k = next(i for i, st in enumerate(self.stacks) if st.kernel == kernel and block in st.blocks)
+        return k, self.stacks[k].blocks.index(block)
+
+    def table_state_buffers(self, kernel: int, block: int) -> dict[str, Tensor]:
+        """Sharded: zeroed whole-block state tensors for a checkpoint to load into (then `load_table_state`)."""
+        k, b = self._stack_of(kernel, block)
+        return new_state(self.specs[kernel].optimizer, self.stacks[k].block_rows[b], self.stacks[k].width, self.placeholder.device)
+
     def load_table_state(self, kernel: int, block: int, state: dict[str, Tensor]) -> None:
         """Sharded: this rank's pieces of a block's whole optimizer state."""
-        k = next(i for i, st in enumerate(self.stacks) if st.kernel == kernel and block in st.blocks)
-        b = self.stacks[k].blocks.index(block)
+        k, b = self._stack_of(kernel, block)
         p = next(p for p in self.pieces if p.stack == k and p.block == b and p.rank == self.rank)
         for name, local in self.piece_state[(k, b)].items():
             start = p.row_start - p.block_row
