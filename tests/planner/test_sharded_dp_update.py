@@ -34,6 +34,9 @@ def test_each_rank_counts_its_piece_of_an_allreduce_tables_optimizer_state():
         assert saved == 4 * (2 * 16 * (1000 - 334) + (301 - 101))
         # the reduce-scatter's second gradient buffer: N x D fp32 of every all-reduce table
         assert sharded.ranks[r].storage.io_bytes - plain.ranks[r].storage.io_bytes == 4 * (1000 * 16 + 301 * 8)
+        # each rank updates 1/W of the rows (the same bytes on the wire in fp32: a reduce-scatter and an all-gather)
+        assert sharded.ranks[r].perf.lookup_bwd_ms < plain.ranks[r].perf.lookup_bwd_ms
+        assert sharded.ranks[r].perf.dp_allreduce_ms == plain.ranks[r].perf.dp_allreduce_ms
 
 
 def test_replicated_lookup_tables_keep_their_whole_state():

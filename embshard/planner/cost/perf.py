@@ -259,8 +259,11 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     rb = row_bytes(spec, D)
     fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
-    # dense backward: zero + scatter-add the full gradient, then update every row and its state
-    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + 2 * grad_bytes + N * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    # dense backward: zero + scatter-add the full gradient, then update every row and its state (sharded updates:
+    # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer)
+    W = topo.world_size if topo.sharded_dp_update else 1
+    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + (2 + (W > 1)) * grad_bytes + \
+        N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
     out_bytes = out_rows * D * OUTPUT_BYTES
     fwd += _ns(ids, topo.dp_fwd_ns_per_id)
@@ -272,9 +275,16 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=allreduce_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D) * wire_bytes(topo, "dp_allreduce"), topo)
+        dp_allreduce_ms=allreduce_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D) * _dp_exchange_bytes_per_float(topo), topo)
         + collective_fixed_ms(topo, 2),
     ), topo)
+
+
+def _dp_exchange_bytes_per_float(topo: Topology) -> float:
+    """What a float of the all-reduce buffer costs priced as an all-reduce's: its wire bytes, or with sharded updates
+    a reduce-scatter on the wire and an all-gather in fp32, each half of a ring all-reduce's traffic."""
+    wire = wire_bytes(topo, "dp_allreduce")
+    return (wire + GRAD_BYTES) / 2 if topo.sharded_dp_update else wire
 
 
 def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
