@@ -19,7 +19,9 @@ gradients travel). "replicated_lookup": every replica looks up the global batch 
 all-gathered in forward), keeps its own rows, and in backward gathers every rank's gradient
 of its rows, divides by the world size and applies the table's fused optimizer (ids and
 pooled gradients travel; it costs world_size x the local lookups). The cost model prices
-both (`embshard.planner.cost.perf.data_parallel_perf`).
+both (`embshard.planner.cost.perf.data_parallel_perf`). With the plan topology's ``sharded_dp_update`` the
+"allreduce" tables' update is sharded across the ranks (dense_replicas.py): their kernels only look up, each
+rank keeps its pieces' optimizer state, and `state_dict` gathers each table's whole (a collective).
 
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table

@@ -1,8 +1,9 @@
 """Data-parallel tables trained DDP-style (``data_parallel_mode="allreduce"``).
 
 Each rank looks up only its own samples in its replica (`InputDist.local`, nothing travels
-in forward). Backward scatter-adds the output gradients into every replica's dense weight
-gradient, all-reduces them for all such tables of the collection in ONE flat buffer, divides
+in forward; pooled FBGEMM kernels of one width by FBGEMM's dense kernel, whose backward gives the
+weight gradient, as TorchRec's DDP tables do). Backward takes that gradient, or scatter-adds the
+output gradients into every replica's dense weight gradient, all-reduces them for all such tables of the collection in ONE flat buffer, divides
 the gradient by the world size (DDP's average) and applies each table's optimizer to all its
 rows, all blocks of one kernel and width at once (the all-reduce in the plan's
 ``comms.dp_allreduce`` dtype, embshard.runtime.wire): the same update, on every replica, as the
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 
 from embshard.comms import CommsPrecision
 from embshard.runtime.input_dist import Received
+from embshard.runtime.lookup import FbgemmKernel
 from embshard.runtime.comm import all_gather, reduce_scatter
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state
 from embshard.runtime.routing import KernelSpec
@@ -70,6 +72,9 @@ class DenseReplicas:
         self.stacks, self.grad_numel, self.flat_numel = _layout(self.specs)
         # per kernel: each slot's first row in its width's stack, and each slot's width
         self.slot_base = [torch.tensor(_slot_base(spec), dtype=torch.int64, device=self.placeholder.device) for spec in self.specs]
+        # kernels whose weight gradient FBGEMM's dense backward gives (pooled, one width, nothing counted)
+        self.dense_grad = [pooled and isinstance(k, FbgemmKernel) and len({b.num_cols for b in spec.blocks}) == 1
+                           and spec.optimizer not in ZERO_GRADIENT_MOVES for k, spec in zip(self.kernels, self.specs)]
         if sharded:
             self.pieces = _pieces(self.stacks, self.specs, self.world)
             self.segment = sum(p.floats for p in self.pieces if p.rank == 0)
@@ -113,15 +118,20 @@ class DenseReplicas:
             out[w] = (ids + torch.repeat_interleave(base_w.repeat_interleave(B), lengths_w, output_size=n), g)
         return out
 
-    def update(self, inputs, grads: Sequence[Tensor]) -> None:
-        """Dense gradients (and adam's id counts) of every stack -> one all-reduce -> each table's optimizer."""
-        flat = torch.zeros(self.flat_numel, device=self.placeholder.device)
+    def update(self, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
+        """Dense gradients (and adam's id counts) of every stack -> one all-reduce -> each table's optimizer.
+        graphs: per kernel, its dense lookup's (output, weights leaf) (`FbgemmKernel.dense_lookup`) or None."""
+        flat = torch.empty(self.flat_numel, device=self.placeholder.device)  # every element written below
         stacks = iter(self.stacks)
-        for k, (x, grad) in enumerate(zip(inputs, grads)):
+        for k, (x, grad, graph) in enumerate(zip(inputs, grads, graphs)):
+            if graph is not None:  # one stack: FBGEMM's dense backward writes the kernel's flat weight gradient
+                stack = next(stacks)
+                self._grad(flat, stack).view(-1).copy_(torch.autograd.grad(graph[0], graph[1], grad)[0])
+                continue
             for w, (rows, g) in sorted(self.per_id_grads(k, x, grad).items()):
                 stack = next(stacks)
                 assert (stack.kernel, stack.width) == (k, w)
-                self._grad(flat, stack).index_put_((rows,), g.float(), accumulate=True)
+                self._grad(flat, stack).zero_().index_put_((rows,), g.float(), accumulate=True)
                 if stack.count_start >= 0:
                     self._count(flat, stack).copy_(torch.bincount(rows, minlength=stack.num_rows))
         steps = [kernel.count_update() for kernel in self.kernels]
@@ -312,13 +322,17 @@ class _LocalLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received):
-        ctx.owner, ctx.inputs = owner, received.inputs
-        return tuple(k(x.indices, x.offsets, x.per_sample_weights, x.ids_per_feature_rank)
-                     for k, x in zip(owner.kernels, received.inputs))
+        ctx.owner, ctx.inputs, ctx.graphs, outs = owner, received.inputs, [], []
+        for kernel, x, dense in zip(owner.kernels, received.inputs, owner.dense_grad):
+            graph = kernel.dense_lookup(x.indices, x.offsets, x.per_sample_weights) if dense else None
+            ctx.graphs.append(graph)
+            outs.append(graph[0].detach() if graph else kernel(x.indices, x.offsets, x.per_sample_weights,
+                                                                x.ids_per_feature_rank))
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        ctx.owner.update(ctx.inputs, grads)
+        ctx.owner.update(ctx.inputs, grads, ctx.graphs)
         return None, None, None
 
 
