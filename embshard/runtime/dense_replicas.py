@@ -84,7 +84,7 @@ class DenseReplicas:
                                 for p in self.pieces if p.rank == self.rank}
 
     def __call__(self, received: Received) -> list[Tensor]:
-        return list(_LocalLookup.apply(self.placeholder, self, received))
+        return list(_LocalLookup.apply(self.placeholder, self, received, torch.is_grad_enabled()))
 
     def per_id_grads(self, k: int, x, grad: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
         """width -> (row of each id in the kernel's stack of that width [N], its gradient [N, width])."""
@@ -318,13 +318,14 @@ def _pieces(stacks: Sequence[_Stack], specs: Sequence[KernelSpec], world: int) -
 
 
 class _LocalLookup(torch.autograd.Function):
-    """Forward: every replica kernel on this rank's ids (no fused update). Backward: `DenseReplicas.update`."""
+    """Forward: every replica kernel on this rank's ids (no fused update; with grad enabled, pooled kernels of one
+    width by the dense kernel, `DenseReplicas.dense_grad`). Backward: `DenseReplicas.update`."""
 
     @staticmethod
-    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received):
+    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received, training: bool):
         ctx.owner, ctx.inputs, ctx.graphs, outs = owner, received.inputs, [], []
         for kernel, x, dense in zip(owner.kernels, received.inputs, owner.dense_grad):
-            graph = kernel.dense_lookup(x.indices, x.offsets, x.per_sample_weights) if dense else None
+            graph = kernel.dense_lookup(x.indices, x.offsets, x.per_sample_weights) if dense and training else None
             ctx.graphs.append(graph)
             outs.append(graph[0].detach() if graph else kernel(x.indices, x.offsets, x.per_sample_weights,
                                                                 x.ids_per_feature_rank))
@@ -333,7 +334,7 @@ class _LocalLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: Tensor):
         ctx.owner.update(ctx.inputs, grads, ctx.graphs)
-        return None, None, None
+        return None, None, None, None
 
 
 def _device(kernels: Sequence[nn.Module]) -> torch.device:
