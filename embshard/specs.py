@@ -33,6 +33,28 @@ OPTIMIZER_STATE_FLOATS_PER_ROW = {
     "adam": lambda dim: 2 * dim,
 }
 
+# Optimizers that move a looked-up row whose summed gradient is zero (adam's moments decay): a data-parallel
+# table trained by all-reduce (embshard.runtime.dense_replicas) all-reduces a count of ids per row for them too.
+ZERO_GRADIENT_MOVES = frozenset({"adam"})
+
+
+def dp_allreduce_floats_per_row(optimizer: str, dim: int) -> int:
+    """Floats a data-parallel table trained by all-reduce puts in the flat buffer per row: its gradient, and
+    for `ZERO_GRADIENT_MOVES` optimizers its id count."""
+    return dim + (optimizer in ZERO_GRADIENT_MOVES)
+
+
+def piece_rows(num_rows: int, world: int) -> list[int]:
+    """Rows of each rank's piece of a block of num_rows in a sharded update (torch.tensor_split's cut)."""
+    return [num_rows // world + (r < num_rows % world) for r in range(world)]
+
+
+def sharded_segment_floats(tables: Sequence[tuple[int, int, str]], world: int) -> int:
+    """Floats each rank reduce-scatters and all-gathers in a sharded update of data-parallel tables
+    (rows, width, optimizer): rank 0's share of every table, to which the others are padded."""
+    return sum(piece_rows(n, world)[0] * dp_allreduce_floats_per_row(opt, w) for n, w, opt in tables)
+
+
 TABLE_KEYS = (
     "name",
     "num_embeddings",

@@ -84,6 +84,10 @@ class Topology:
     tables in the mode each placement records (the planner picks the cheaper per table,
     `embshard.planner.cost.perf.cheaper_data_parallel_mode`); this flag is the mode of placements that
     record none (plans of schema version 2 and older, hand-built placements).
+    sharded_dp_update: data-parallel tables trained by all-reduce shard their weight update across the
+    ranks (reduce-scatter of the gradients, each rank updates 1/W of the rows and keeps only their
+    optimizer state, all-gather of the rows; embshard.runtime.dense_replicas): the memory model counts
+    their optimizer state / W. Set by training's ``optim.sharded_update``; plan schema 9, absent when false.
     comms: the dtypes of embeddings, their gradients and data-parallel gradients on the wire
     (embshard.comms; set by ``planner.comms``, priced and run as the plan records it).
     reduce_in_host: when ranks span hosts, pooled row-wise partial sums are summed among each
@@ -108,6 +112,7 @@ class Topology:
     ddr_gb_per_s: float = 0.0
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
+    sharded_dp_update: bool = False
     comms: CommsPrecision = CommsPrecision()
     reduce_in_host: bool = True
     collective_ms: float = 0.0
@@ -194,6 +199,8 @@ class Topology:
             del out["inter_host_collective_ms"]
         if self.reduce_in_host:
             del out["reduce_in_host"]
+        if not self.sharded_dp_update:
+            del out["sharded_dp_update"]
         return out
 
     @classmethod
@@ -228,7 +235,7 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                     raise ValueError(f"{where}.{key}: must be a positive factor (1 = as measured alone), got {v!r}")
-        for key in ("full_duplex", "replicated_dp_lookup", "reduce_in_host"):
+        for key in ("full_duplex", "replicated_dp_lookup", "sharded_dp_update", "reduce_in_host"):
             if key in raw and not isinstance(raw[key], bool):
                 raise ValueError(f"{where}.{key}: must be true or false, got {raw[key]!r}")
         frac = raw.get("reserved_fraction", 0.1)

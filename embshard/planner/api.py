@@ -211,11 +211,11 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
-            every_storage = every_storage + data_parallel_storage(spec, topology, inference)
+            every_storage = every_storage + data_parallel_storage(spec, topology, inference, t.data_parallel_mode)
             continue
         if t.hot_rows:  # the cold part as sharded, the hot rows' replica on every rank
             spec, hot = hot_split(spec, t.hot_rows)
-            every_storage = every_storage + data_parallel_storage(hot, topology, inference)
+            every_storage = every_storage + data_parallel_storage(hot, topology, inference, "allreduce")
         every_storage = every_storage + requester_storage(spec, topology, inference)
         for s in t.shards:
             storage[s.rank] = storage[s.rank] + holder_storage(spec, topology, t.sharding_type, s.num_rows, s.num_cols,

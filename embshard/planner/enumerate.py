@@ -60,11 +60,12 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
         if c is None:
             return None
         return replace(c, every_rank=phases(data_parallel_perf(hot, topo, inference, "allreduce")),
-                       every_rank_storage=c.every_rank_storage + data_parallel_storage(hot, topo, inference), hot_rows=hot_rows)
+                       every_rank_storage=c.every_rank_storage + data_parallel_storage(hot, topo, inference, "allreduce"),
+                       hot_rows=hot_rows)
     if stype is ShardingType.DATA_PARALLEL:
         mode, perf = cheaper_data_parallel_mode(spec, topo, inference, with_perf=True)  # what `evaluate` records in the plan
         return Candidate(spec.name, stype, (), (), (), Perf(), phases(perf),
-                         data_parallel_storage(spec, topo, inference))
+                         data_parallel_storage(spec, topo, inference, mode))
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:
         rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols

@@ -5,7 +5,10 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 7 (written) adds hot-row replication: a table's ``hot_rows`` (its hottest
+Schema versions: 9 (written) adds ``topology.sharded_dp_update`` (sharded weight updates of
+data-parallel tables, their optimizer state counted / W; absent when false); 8 adds
+``topology.reduce_in_host`` (false: flat collectives across hosts, no in-host reduction; absent
+when true, as older files ran); 7 adds hot-row replication: a table's ``hot_rows`` (its hottest
 rows replicated on every rank, see embshard/runtime/hot_rows.py) and the plan's ``hot_ids_file``
 (the .npz of hottest ids per table that embshard-stats wrote), both absent when unused;
 6 records the wire dtypes in ``topology.comms`` when any is not fp32
@@ -38,8 +41,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, Shardi
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 8
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+SCHEMA_VERSION = 9
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 @dataclass(frozen=True)

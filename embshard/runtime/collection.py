@@ -19,7 +19,9 @@ gradients travel). "replicated_lookup": every replica looks up the global batch 
 all-gathered in forward), keeps its own rows, and in backward gathers every rank's gradient
 of its rows, divides by the world size and applies the table's fused optimizer (ids and
 pooled gradients travel; it costs world_size x the local lookups). The cost model prices
-both (`embshard.planner.cost.perf.data_parallel_perf`).
+both (`embshard.planner.cost.perf.data_parallel_perf`). With the plan topology's ``sharded_dp_update`` the
+"allreduce" tables' update is sharded across the ranks (dense_replicas.py): their kernels only look up, each
+rank keeps its pieces' optimizer state, and `state_dict` gathers each table's whole (a collective).
 
 Kernels are not registered submodules: their weights are no nn.Parameters, so neither a
 dense optimizer nor DDP touches them. `state_dict()` returns one `TableShard` per table
@@ -42,7 +44,7 @@ import hashlib
 import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -131,9 +133,11 @@ class _ShardedCollection(nn.Module):
             pooling = self.hot.inner_pooling
         self.routing: Routing = build_routing(self.specs, plan, self.rank, self.world_size, pooled, pooling,
                                               fbgemm_optimizers(self.device), self.inference, modes)
-        replicas = self.routing.replicas
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
-        self.replica_kernels = [self._kernel(k) for k in replicas.kernels] if replicas else []
+        # sharded weight updates (the plan topology's sharded_dp_update): the all-reduce group's kernels only look up
+        sharded = plan.topology.sharded_dp_update and not self.inference
+        self.replica_kernels = [self._kernel(replace(k, optimizer="sgd") if sharded and mode == "allreduce" else k)
+                                for mode, group in self.routing.replica_groups for k in group.kernels]
         self.input_dist = InputDist(self.routing, pg, self.device)
         self.sharded = bool(self.routing.send_slots)
         self.timer: PhaseTimer | None = None
@@ -145,9 +149,13 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms) if local and not self.inference else None
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded) \
+                if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
+        # kernel -> (its DenseReplicas, index) where the optimizer state lives there, in pieces (sharded updates)
+        self._state_owner = {id(k): (g.dense, i) for g in self.replica_groups if g.dense and g.dense.sharded
+                             for i, k in enumerate(g.kernels)}
         self._staged: tuple[KeyedJaggedTensor, Distributed] | None = None
         if self.inference:
             return
@@ -277,6 +285,9 @@ class _ShardedCollection(nn.Module):
         for table, (kernel, i, slot) in self._blocks().items():
             spec = self._spec(table)
             weight, state = kernel.block_weights()[i].detach(), kernel.block_states()[i]
+            if id(kernel) in self._state_owner:  # gathered whole (a collective), or whole-table buffers to load
+                owner, k = self._state_owner[id(kernel)]  # into (`_load_from_state_dict` hands them over)
+                state = owner.table_state(k, i) if copy else owner.table_state_buffers(k, i)
             out[table] = TableShard(
                 table, weight.clone() if copy else weight, slot.row_offset, slot.col_offset,
                 (spec.num_embeddings, spec.embedding_dim), spec.optimizer,
@@ -303,6 +314,7 @@ class _ShardedCollection(nn.Module):
                     live.weight.copy_(weight)
                     for name, tensor in state.items():
                         live.optimizer_state[name].copy_(tensor)
+                    self._hand_over_state(table, live, {})
                     continue
                 key = prefix + table
                 if key not in state_dict:
@@ -313,8 +325,18 @@ class _ShardedCollection(nn.Module):
                 if isinstance(value, TableShard):
                     for name, tensor in live.optimizer_state.items():
                         tensor.copy_(value.optimizer_state[name])
+                    self._hand_over_state(table, live, value.optimizer_state)
         known = {prefix + s.name for s in self.table_specs}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):] and k not in known)
+
+    def _hand_over_state(self, table: str, live: TableShard, loaded: Mapping[str, Tensor]) -> None:
+        """Sharded updates: this rank's pieces of a table's loaded state go to its DenseReplicas (and adam's step)."""
+        kernel, i, _ = self._blocks()[table]
+        if id(kernel) in self._state_owner:
+            owner, k = self._state_owner[id(kernel)]
+            owner.load_table_state(k, i, live.optimizer_state)
+            if "step" in loaded:
+                kernel.step.copy_(loaded["step"])
 
     def load_tables(self, tables: Mapping[str, Tensor]) -> None:
         """Copy this rank's blocks out of full (unsharded) tables; optimizer state is left as is."""

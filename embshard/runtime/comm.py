@@ -4,8 +4,8 @@ gradients, and a header gather that makes every rank raise when one rank rejects
 All tensors are split along dim 0; split sizes count rows. Works on gloo (CPU) and nccl
 (GPU: tensors must live on the rank's device).
 
-`counting_traffic` counts the bytes this rank sends and receives in every all-to-all and
-all-reduce issued through here (not the header gather), intra- and inter-host: what
+`counting_traffic` counts the bytes this rank sends and receives in every all-to-all,
+all-reduce, reduce-scatter and all-gather issued through here (not the header gather), intra- and inter-host: what
 `embshard.planner.cost.traffic` predicts. Off, it costs one check per collective.
 
 Where ranks span hosts, `use_hosts` (called by every collection, on every rank) makes the
@@ -147,6 +147,32 @@ def hierarchical_all_reduce(x: Tensor, hosts: HostGroups) -> None:
     share = all_to_all(flat, [chunks[i]] * L, chunks, hosts.local).view(L, chunks[i]).sum(0)
     all_reduce(share, hosts.across)
     flat.copy_(all_to_all(share.repeat(L), chunks, [chunks[i]] * L, hosts.local))
+
+
+def reduce_scatter(x: Tensor, pg: dist.ProcessGroup) -> Tensor:
+    """Sum ``x`` [W * C] over the ranks and keep this rank's chunk [C]; counted as a ring (W - 1 chunks to the next rank)."""
+    W = dist.get_world_size(pg)
+    out = x.new_empty(x.numel() // W)
+    dist.reduce_scatter_tensor(out, x, group=pg)
+    _count_ring(out, pg)
+    return out
+
+
+def all_gather(out: Tensor, x: Tensor, pg: dist.ProcessGroup) -> Tensor:
+    """Every rank's ``x`` [C] into ``out`` [W * C], in rank order; counted as a ring (W - 1 chunks to the next rank)."""
+    dist.all_gather_into_tensor(out, x, group=pg)
+    _count_ring(x, pg)
+    return out
+
+
+def _count_ring(chunk: Tensor, pg: dist.ProcessGroup) -> None:
+    if _counters:
+        W, me = dist.get_world_size(pg), dist.get_rank(pg)
+        to, frm = [0] * W, [0] * W
+        to[(me + 1) % W] += (W - 1) * chunk.numel() * chunk.element_size()
+        frm[(me - 1) % W] += (W - 1) * chunk.numel() * chunk.element_size()
+        for counter in _counters:
+            counter.add(to, frm, pg)
 
 
 class _AllToAll(torch.autograd.Function):

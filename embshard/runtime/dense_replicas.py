@@ -1,18 +1,30 @@
 """Data-parallel tables trained DDP-style (``data_parallel_mode="allreduce"``).
 
 Each rank looks up only its own samples in its replica (`InputDist.local`, nothing travels
-in forward). Backward turns the output gradients into every replica block's dense weight
-gradient and a count of ids per row, all-reduces them for all such blocks of the
-collection in ONE flat buffer, divides the gradient by the world size (DDP's average) and
-applies each table's optimizer to the rows some rank looked up (the all-reduce in the plan's
-``comms.dp_allreduce`` dtype, embshard.runtime.wire): the same update, on every
-replica, as the replicated look-up (``"replicated_lookup"``, see collection.py), which
-instead ships ids and pooled gradients and looks up the global batch on every rank.
-Cheaper for small tables; priced by `embshard.planner.cost.perf.data_parallel_perf`.
+in forward; pooled FBGEMM kernels of one width by FBGEMM's dense kernel, whose backward gives the
+weight gradient, as TorchRec's DDP tables do). Backward takes that gradient, or scatter-adds the
+output gradients into every replica's dense weight gradient, all-reduces them for all such tables of the collection in ONE flat buffer, divides
+the gradient by the world size (DDP's average) and applies each table's optimizer to all its
+rows, all blocks of one kernel and width at once (the all-reduce in the plan's
+``comms.dp_allreduce`` dtype, embshard.runtime.wire): the same update, on every replica, as the
+replicated look-up (``"replicated_lookup"``, see collection.py), which instead ships ids and
+pooled gradients and looks up the global batch on every rank. A row of zero gradient (no rank
+looked it up, or its gradients cancel) is unchanged by sgd, adagrad and rowwise_adagrad; adam
+moves a looked-up one (its moments decay), so adam tables also all-reduce a count of ids per
+row and update the rows counted (`embshard.specs.dp_allreduce_floats_per_row`).
+
+Sharded update (``sharded=True``, the plan topology's ``sharded_dp_update``; Xu et al.'s
+cross-replica sharding): the same buffer is reduce-scattered instead, each table's rows cut in
+W pieces (as ``torch.tensor_split``; a rank's share padded to rank
+0's: `embshard.specs.sharded_segment_floats`); each rank applies the optimizer to its pieces, keeps only their optimizer state (the
+kernels look up, built without state), and the updated rows are all-gathered in fp32, so every
+replica ends the step with the same weights as the plain all-reduce gives. A checkpoint gathers
+each table's state whole (`table_state`). Cheaper for small tables; priced by `embshard.planner.cost.perf.data_parallel_perf`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -21,104 +33,308 @@ from torch import Tensor, nn
 
 from embshard.comms import CommsPrecision
 from embshard.runtime.input_dist import Received
-from embshard.runtime.optim import OptimizerConfig, apply_update
+from embshard.runtime.lookup import FbgemmKernel
+from embshard.runtime.comm import all_gather, reduce_scatter
+from embshard.runtime.optim import OptimizerConfig, apply_update, new_state
 from embshard.runtime.routing import KernelSpec
-from embshard.runtime.wire import wire_all_reduce_
+from embshard.runtime.wire import wire_all_reduce_, wire_reduce_scatter
+from embshard.specs import ZERO_GRADIENT_MOVES, dp_allreduce_floats_per_row, piece_rows
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """The blocks of one width of one kernel: their gradient rows stacked in the flat buffer."""
+
+    kernel: int
+    width: int
+    blocks: tuple[int, ...]  # block indices in the kernel, in stack order
+    block_rows: tuple[int, ...]
+    grad_start: int  # first element of its gradient [rows, width] in the flat buffer
+    count_start: int  # first element of its ids per row [rows], -1: not counted
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.block_rows)
 
 
 class DenseReplicas:
     """The replica kernels of one collection, looked up locally and updated after one all-reduce."""
 
     def __init__(self, kernels: Sequence[nn.Module], specs: Sequence[KernelSpec], pooled: bool,
-                 config: OptimizerConfig, pg: dist.ProcessGroup, comms: CommsPrecision = CommsPrecision()) -> None:
+                 config: OptimizerConfig, pg: dist.ProcessGroup, comms: CommsPrecision = CommsPrecision(),
+                 sharded: bool = False) -> None:
         self.kernels, self.specs, self.pooled, self.config, self.pg = list(kernels), list(specs), pooled, config, pg
-        self.comms = comms
+        self.comms, self.sharded = comms, sharded
+        self.rank, self.world = dist.get_rank(pg), dist.get_world_size(pg)
         self.learning_rate = config.learning_rate
         # Not an nn.Parameter of any module (DDP must not wait for it): it only makes backward run.
         self.placeholder = torch.zeros(0, requires_grad=True, device=_device(self.kernels))
+        self.stacks, self.grad_numel, self.flat_numel = _layout(self.specs)
+        # per kernel: each slot's first row in its width's stack, and each slot's width
+        self.slot_base = [torch.tensor(_slot_base(spec), dtype=torch.int64, device=self.placeholder.device) for spec in self.specs]
+        # kernels whose weight gradient FBGEMM's dense backward gives (pooled, one width, nothing counted)
+        self.dense_grad = [pooled and isinstance(k, FbgemmKernel) and len({b.num_cols for b in spec.blocks}) == 1
+                           and spec.optimizer not in ZERO_GRADIENT_MOVES for k, spec in zip(self.kernels, self.specs)]
+        if sharded:
+            self.pieces = _pieces(self.stacks, self.specs, self.world)
+            self.segment = sum(p.floats for p in self.pieces if p.rank == 0)
+            # this rank's optimizer state: per piece it updates
+            self.piece_state = {(p.stack, p.block): new_state(self.specs[self.stacks[p.stack].kernel].optimizer, p.num_rows,
+                                                              self.stacks[p.stack].width, self.placeholder.device)
+                                for p in self.pieces if p.rank == self.rank}
 
     def __call__(self, received: Received) -> list[Tensor]:
-        return list(_LocalLookup.apply(self.placeholder, self, received))
+        return list(_LocalLookup.apply(self.placeholder, self, received, torch.is_grad_enabled()))
 
-    def per_id_grads(self, spec: KernelSpec, x, grad: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
-        """width -> (row of each id in the kernel's blocks of that width, stacked [N], its gradient [N, width])."""
-        widths = [b.num_cols for b in spec.blocks]
-        base = {}  # block -> first row in its width's stack
-        for b, w in enumerate(widths):
-            base[b] = sum(spec.blocks[c].num_rows for c in range(b) if widths[c] == w)
-        T, device = len(spec.slots), x.indices.device
-        slot_base = torch.tensor([base[b] for b in spec.slot_block], dtype=torch.int64, device=device)
-        slot_width = torch.tensor([s.num_cols for s in spec.slots], dtype=torch.int64, device=device)
+    def per_id_grads(self, k: int, x, grad: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
+        """width -> (row of each id in the kernel's stack of that width [N], its gradient [N, width])."""
+        spec, slot_base = self.specs[k], self.slot_base[k]
         if not self.pooled:  # one width; rows flat in [slot][id] order
-            counts = torch.tensor([sum(c) for c in x.ids_per_feature_rank], dtype=torch.int64, device=device)
-            slot_N = torch.repeat_interleave(torch.arange(T, device=device), counts, output_size=x.indices.numel())
-            return {spec.dim: (x.indices + slot_base.index_select(0, slot_N), grad.view(-1, spec.dim))}
-        B = grad.shape[0]
-        lengths = x.offsets[1:] - x.offsets[:-1]
-        bag_N = torch.repeat_interleave(torch.arange(T * B, device=device), lengths, output_size=x.indices.numel())
-        slot_N, sample_N = bag_N // B, bag_N % B
+            counts = torch.tensor([sum(c) for c in x.ids_per_feature_rank], dtype=torch.int64, device=x.indices.device)
+            return {spec.dim: (x.indices + torch.repeat_interleave(slot_base, counts, output_size=x.indices.numel()),
+                               grad.view(-1, spec.dim))}
+        B, T = grad.shape[0], len(spec.slots)
+        lengths = x.offsets[1:] - x.offsets[:-1]  # [T * B], slot-major
+        slot_width = [s.num_cols for s in spec.slots]
         out = {}
-        for w in sorted(set(widths)):
-            slots = [t for t, s in enumerate(spec.slots) if s.num_cols == w]
-            position = torch.full((T,), -1, dtype=torch.int64, device=device)
-            position[slots] = torch.arange(len(slots), device=device)
+        for w in sorted(set(slot_width)):
+            slots = [t for t in range(T) if slot_width[t] == w]
             if len(slots) == T:  # one width: every column, every id
-                grad_w, pick = grad, None
+                grad_w, ids, lengths_w, psw, base_w = grad, x.indices, lengths, x.per_sample_weights, slot_base
             else:
-                starts = torch.cumsum(slot_width, 0) - slot_width
-                cols = torch.cat([torch.arange(int(starts[t]), int(starts[t]) + w, device=device) for t in slots])
-                grad_w, pick = grad.index_select(1, cols), (slot_width.index_select(0, slot_N) == w).nonzero().squeeze(1)
-            ids, slot_w, sample_w = (x.indices, slot_N, sample_N) if pick is None else \
-                (x.indices.index_select(0, pick), slot_N.index_select(0, pick), sample_N.index_select(0, pick))
-            g = grad_w.reshape(-1, w).index_select(0, sample_w * len(slots) + position.index_select(0, slot_w))
-            if x.per_sample_weights is not None:
-                psw = x.per_sample_weights if pick is None else x.per_sample_weights.index_select(0, pick)
+                starts = [sum(slot_width[:t]) for t in slots]
+                cols = torch.cat([torch.arange(c, c + w, device=grad.device) for c in starts])
+                slot_ids = torch.tensor(slots, device=grad.device)
+                keep = torch.repeat_interleave(torch.tensor([width == w for width in slot_width], device=grad.device)
+                                               .repeat_interleave(B), lengths, output_size=x.indices.numel())
+                grad_w, ids, lengths_w = grad.index_select(1, cols), x.indices[keep], lengths.view(T, B)[slot_ids].reshape(-1)
+                psw = None if x.per_sample_weights is None else x.per_sample_weights[keep]
+                base_w = slot_base.index_select(0, slot_ids)
+            n = ids.numel()
+            bags = grad_w.reshape(B, len(slots), w).transpose(0, 1).reshape(-1, w)  # [slot * B + sample, w]
+            g = torch.repeat_interleave(bags, lengths_w, dim=0, output_size=n)
+            if psw is not None:
                 g = g * psw.unsqueeze(1)
-            out[w] = (ids + slot_base.index_select(0, slot_w), g)
+            out[w] = (ids + torch.repeat_interleave(base_w.repeat_interleave(B), lengths_w, output_size=n), g)
         return out
 
-    def update(self, inputs, grads: Sequence[Tensor]) -> None:
-        """Dense gradients and id counts of every block -> one all-reduce -> each table's optimizer."""
-        parts: list[tuple[Tensor, Tensor]] = []  # (gradient [rows, width], ids per row [rows]) per (kernel, width)
-        for kernel, spec, x, grad in zip(self.kernels, self.specs, inputs, grads):
-            per_width = self.per_id_grads(spec, x, grad)
-            for w, (rows, g) in sorted(per_width.items()):
-                num_rows = sum(b.num_rows for b in spec.blocks if b.num_cols == w)
-                parts.append((g.new_zeros(num_rows, w).index_add_(0, rows, g.float()),
-                              torch.bincount(rows, minlength=num_rows).to(g.dtype)))
-        flat = torch.cat([t.reshape(-1) for part in parts for t in part])
+    def update(self, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
+        """Dense gradients (and adam's id counts) of every stack -> one all-reduce -> each table's optimizer.
+        graphs: per kernel, its dense lookup's (output, weights leaf) (`FbgemmKernel.dense_lookup`) or None."""
+        flat = torch.empty(self.flat_numel, device=self.placeholder.device)  # every element written below
+        stacks = iter(self.stacks)
+        for k, (x, grad, graph) in enumerate(zip(inputs, grads, graphs)):
+            if graph is not None:  # one stack: FBGEMM's dense backward writes the kernel's flat weight gradient
+                stack = next(stacks)
+                self._grad(flat, stack).view(-1).copy_(torch.autograd.grad(graph[0], graph[1], grad)[0])
+                continue
+            for w, (rows, g) in sorted(self.per_id_grads(k, x, grad).items()):
+                stack = next(stacks)
+                assert (stack.kernel, stack.width) == (k, w)
+                self._grad(flat, stack).zero_().index_put_((rows,), g.float(), accumulate=True)
+                if stack.count_start >= 0:
+                    self._count(flat, stack).copy_(torch.bincount(rows, minlength=stack.num_rows))
+        steps = [kernel.count_update() for kernel in self.kernels]
+        if self.sharded:
+            self._sharded_update(flat, steps)
+            return
         wire_all_reduce_(flat, self.pg, self.comms.dp_allreduce)
-        reduced = iter(flat.split([t.numel() for part in parts for t in part]))
-        world = dist.get_world_size(self.pg)
+        flat[:self.grad_numel].div_(self.world)
         with torch.no_grad():
-            for kernel, spec in zip(self.kernels, self.specs):
-                step = kernel.count_update()
+            for stack in self.stacks:
+                kernel, spec = self.kernels[stack.kernel], self.specs[stack.kernel]
                 weights, states = kernel.block_weights(), kernel.block_states()
-                for w in sorted({b.num_cols for b in spec.blocks}):
-                    blocks = [i for i, b in enumerate(spec.blocks) if b.num_cols == w]
-                    sizes = [spec.blocks[i].num_rows for i in blocks]
-                    grad, count = next(reduced).view(-1, w), next(reduced)
-                    # blocks are views of the kernel's weights and state: updated in place, looked-up rows only
-                    for i, grad_block, count_block in zip(blocks, grad.split(sizes), count.split(sizes)):
-                        rows = count_block.nonzero().squeeze(1)
-                        if rows.numel():
-                            apply_update(spec.optimizer, weights[i], states[i], rows,
-                                         grad_block.index_select(0, rows) / world, self.config, self.learning_rate, step)
+                counts = self._count(flat, stack) if stack.count_start >= 0 else None
+                self._apply(spec.optimizer, [weights[i] for i in stack.blocks], [states[i] for i in stack.blocks],
+                            self._grad(flat, stack), counts, stack.block_rows, steps[stack.kernel])
+
+    def _sharded_update(self, flat: Tensor, steps: list[int]) -> None:
+        """Reduce-scatter the gradients by pieces, update this rank's pieces, all-gather the updated rows."""
+        device, C = flat.device, self.segment
+        send = torch.zeros(self.world * C, device=device)
+        for p in self.pieces:  # rank-major: rank r's pieces in its segment
+            stack = self.stacks[p.stack]
+            grad = self._grad(flat, stack)[p.row_start:p.row_start + p.num_rows]
+            send[p.rank * C + p.start:p.rank * C + p.start + grad.numel()].copy_(grad.reshape(-1))
+            if stack.count_start >= 0:
+                count = self._count(flat, stack)[p.row_start:p.row_start + p.num_rows]
+                send[p.rank * C + p.start + grad.numel():p.rank * C + p.floats_end].copy_(count)
+        mine = wire_reduce_scatter(send, self.pg, self.comms.dp_allreduce)
+        gathered = send  # reused: the updated rows come back into it
+        own = gathered[self.rank * C:(self.rank + 1) * C]
+        own.zero_()
+        with torch.no_grad():
+            for p in self.pieces:
+                if p.rank != self.rank:
+                    continue
+                stack, spec = self.stacks[p.stack], self.specs[self.stacks[p.stack].kernel]
+                weight = self._piece_weight(p)
+                n = p.num_rows * stack.width
+                grad = mine[p.start:p.start + n].view(p.num_rows, stack.width).div_(self.world)
+                counts = mine[p.start + n:p.floats_end] if stack.count_start >= 0 else None
+                self._apply(spec.optimizer, [weight], [self.piece_state[(p.stack, p.block)]], grad, counts, [p.num_rows], steps[stack.kernel])
+                own[p.start:p.start + n].copy_(weight.reshape(-1))
+            all_gather(gathered, own.clone(), self.pg)
+            for p in self.pieces:
+                if p.rank != self.rank:
+                    weight = self._piece_weight(p)
+                    weight.copy_(gathered[p.rank * C + p.start:p.rank * C + p.start + weight.numel()].view_as(weight))
+
+    def _piece_weight(self, p: "_Piece") -> Tensor:
+        weights = self.kernels[self.stacks[p.stack].kernel].block_weights()
+        block = weights[self.stacks[p.stack].blocks[p.block]]
+        return block[p.row_start - p.block_row:p.row_start - p.block_row + p.num_rows]
+
+    def table_state(self, kernel: int, block: int) -> dict[str, Tensor]:
+        """Sharded: a block's whole optimizer state, gathered from the ranks' pieces (a collective: every rank
+        calls it, in the same order), and adam's step."""
+        k, b = self._stack_of(kernel, block)
+        parts = [p for p in self.pieces if p.stack == k and p.block == b]
+        out = {"step": self.kernels[kernel].step} if self.specs[kernel].optimizer == "adam" else {}
+        for name, local in self.piece_state[(k, b)].items():
+            rows = max(p.num_rows for p in parts)
+            padded = local.new_zeros((rows, *local.shape[1:]))
+            padded[:local.shape[0]] = local
+            gathered = local.new_empty((self.world * rows, *local.shape[1:]))
+            dist.all_gather_into_tensor(gathered, padded, group=self.pg)  # not counted: checkpoints only
+            out[name] = torch.cat([gathered[p.rank * rows:p.rank * rows + p.num_rows] for p in parts])
+        return out
+
+    def _stack_of(self, kernel: int, block: int) -> tuple[int, int]:
+        """(stack, index in its blocks) of a kernel's block."""
+        k = next(i for i, st in enumerate(self.stacks) if st.kernel == kernel and block in st.blocks)
+        return k, self.stacks[k].blocks.index(block)
+
+    def table_state_buffers(self, kernel: int, block: int) -> dict[str, Tensor]:
+        """Sharded: zeroed whole-block state tensors for a checkpoint to load into (then `load_table_state`)."""
+        k, b = self._stack_of(kernel, block)
+        return new_state(self.specs[kernel].optimizer, self.stacks[k].block_rows[b], self.stacks[k].width, self.placeholder.device)
+
+    def load_table_state(self, kernel: int, block: int, state: dict[str, Tensor]) -> None:
+        """Sharded: this rank's pieces of a block's whole optimizer state."""
+        k, b = self._stack_of(kernel, block)
+        p = next(p for p in self.pieces if p.stack == k and p.block == b and p.rank == self.rank)
+        for name, local in self.piece_state[(k, b)].items():
+            start = p.row_start - p.block_row
+            local.copy_(state[name][start:start + p.num_rows])
+
+    def _apply(self, optimizer: str, weights: list[Tensor], states: list[dict[str, Tensor]], grad: Tensor,
+               counts: Tensor | None, block_rows: Sequence[int], step: int) -> None:
+        """The optimizer on blocks stacked [rows, width]: on every row (zero gradient: unchanged), or with
+        ``counts`` on the rows looked up; one call where the blocks lie one after another in memory (FBGEMM's
+        and the torch kernel's do), else one per block."""
+        weight = _stacked(weights)
+        state = {name: _stacked([s[name] for s in states]) for name in states[0] if name != "step"}
+        if weight is not None and all(t is not None for t in state.values()):
+            weights, states, block_rows = [weight], [{**states[0], **state}], [grad.shape[0]]
+        sizes = list(block_rows)
+        for i, (w, s, g) in enumerate(zip(weights, states, grad.split(sizes))):
+            if counts is None:
+                apply_update(optimizer, w, s, None, g, self.config, self.learning_rate, step)
+                continue
+            rows = counts.split(sizes)[i].nonzero().squeeze(1)
+            if rows.numel():
+                apply_update(optimizer, w, s, rows, g.index_select(0, rows), self.config, self.learning_rate, step)
+
+    @staticmethod
+    def _grad(flat: Tensor, stack: _Stack) -> Tensor:
+        return flat[stack.grad_start:stack.grad_start + stack.num_rows * stack.width].view(stack.num_rows, stack.width)
+
+    @staticmethod
+    def _count(flat: Tensor, stack: _Stack) -> Tensor:
+        return flat[stack.count_start:stack.count_start + stack.num_rows]
+
+
+def _layout(specs: Sequence[KernelSpec]) -> tuple[list[_Stack], int, int]:
+    """Stacks (kernel, width) in order, gradients first and then the counts; (stacks, gradient elements, all elements)."""
+    shapes = []
+    for k, spec in enumerate(specs):
+        for w in sorted({b.num_cols for b in spec.blocks}):
+            blocks = tuple(i for i, b in enumerate(spec.blocks) if b.num_cols == w)
+            shapes.append((k, w, blocks, tuple(spec.blocks[i].num_rows for i in blocks), spec.optimizer in ZERO_GRADIENT_MOVES))
+    stacks, start = [], 0
+    for k, w, blocks, rows, _ in shapes:
+        stacks.append([k, w, blocks, rows, start, -1])
+        start += sum(rows) * w
+    grad_numel = start
+    for stack, (_, _, _, rows, counted) in zip(stacks, shapes):
+        if counted:
+            stack[5] = start
+            start += sum(rows)
+    return [_Stack(*s) for s in stacks], grad_numel, start
+
+
+def _slot_base(spec: KernelSpec) -> list[int]:
+    """Each slot's block's first row in the kernel's stack of that block's width."""
+    widths = [b.num_cols for b in spec.blocks]
+    base = [sum(spec.blocks[c].num_rows for c in range(b) if widths[c] == w) for b, w in enumerate(widths)]
+    return [base[b] for b in spec.slot_block]
+
+
+def _stacked(parts: Sequence[Tensor]) -> Tensor | None:
+    """One view over tensors that lie one after another in one storage (same trailing shape), else None."""
+    first = parts[0]
+    for a, b in zip(parts, parts[1:]):
+        if not (a.is_contiguous() and b.is_contiguous() and a.shape[1:] == b.shape[1:] and a.dtype == b.dtype
+                and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.storage_offset() + a.numel() == b.storage_offset()):
+            return None
+    if len(parts) == 1:
+        return first
+    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Rank ``rank``'s rows of one block (sharded update): where they are in the stack and in its segment."""
+
+    stack: int
+    block: int  # index in the stack's blocks
+    rank: int
+    block_row: int  # the block's first row in the stack
+    row_start: int  # the piece's first row in the stack
+    num_rows: int
+    start: int  # first float in the rank's segment
+    floats_end: int  # end of its gradient (and counts) in the segment
+
+    @property
+    def floats(self) -> int:
+        return self.floats_end - self.start
+
+
+def _pieces(stacks: Sequence[_Stack], specs: Sequence[KernelSpec], world: int) -> list[_Piece]:
+    """Every block cut in ``world`` row pieces (as torch.tensor_split), laid out per rank in stack and block order."""
+    out, used = [], [0] * world
+    for k, stack in enumerate(stacks):
+        per_row = dp_allreduce_floats_per_row(specs[stack.kernel].optimizer, stack.width)
+        block_row = 0
+        for b, rows in enumerate(stack.block_rows):
+            for r, n in enumerate(piece_rows(rows, world)):
+                first = block_row + r * (rows // world) + min(r, rows % world)
+                out.append(_Piece(k, b, r, block_row, first, n, used[r], used[r] + n * per_row))
+                used[r] += n * per_row
+            block_row += rows
+    return out
 
 
 class _LocalLookup(torch.autograd.Function):
-    """Forward: every replica kernel on this rank's ids (no fused update). Backward: `DenseReplicas.update`."""
+    """Forward: every replica kernel on this rank's ids (no fused update; with grad enabled, pooled kernels of one
+    width by the dense kernel, `DenseReplicas.dense_grad`). Backward: `DenseReplicas.update`."""
 
     @staticmethod
-    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received):
-        ctx.owner, ctx.inputs = owner, received.inputs
-        return tuple(k(x.indices, x.offsets, x.per_sample_weights, x.ids_per_feature_rank)
-                     for k, x in zip(owner.kernels, received.inputs))
+    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received, training: bool):
+        ctx.owner, ctx.inputs, ctx.graphs, outs = owner, received.inputs, [], []
+        for kernel, x, dense in zip(owner.kernels, received.inputs, owner.dense_grad):
+            graph = kernel.dense_lookup(x.indices, x.offsets, x.per_sample_weights) if dense and training else None
+            ctx.graphs.append(graph)
+            outs.append(graph[0].detach() if graph else kernel(x.indices, x.offsets, x.per_sample_weights,
+                                                                x.ids_per_feature_rank))
+        return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        ctx.owner.update(ctx.inputs, grads)
-        return None, None, None
+        ctx.owner.update(ctx.inputs, grads, ctx.graphs)
+        return None, None, None, None
 
 
 def _device(kernels: Sequence[nn.Module]) -> torch.device:

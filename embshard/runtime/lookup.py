@@ -163,6 +163,23 @@ class FbgemmKernel(UpdateCounting):
             out = one_id_bag_rows(self.tbe, self.dim, indices, ids_per_feature_rank)
         return _CountUpdate.apply(out, self) if out.requires_grad else out
 
+    def dense_lookup(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        """Pooled lookups by FBGEMM's dense kernel over a leaf that shares this kernel's host weights: (output, leaf),
+        whose backward gives the dense gradient of the flat weights (blocks one after another) and updates nothing
+        (what `embshard.runtime.dense_replicas` all-reduces); None where the weights are not fp32 host memory."""
+        weights = self.tbe.weights_host
+        if not self.pooled or self.cached or weights.numel() == 0 or weights.dtype != torch.float32:
+            return None
+        leaf = weights.detach().requires_grad_()
+        with torch.enable_grad():
+            out = torch.ops.fbgemm.dense_embedding_codegen_lookup_function(
+                dev_weights=leaf, weights_offsets=self.tbe.weights_offsets, D_offsets=self.tbe.D_offsets,
+                total_D=self.tbe.total_D, max_D=self.tbe.max_D, hash_size_cumsum=self.tbe.hash_size_cumsum,
+                total_hash_size_bits=self.tbe.total_hash_size_bits, indices=indices, offsets=offsets,
+                pooling_mode=int(PoolingMode.SUM), indice_weights=per_sample_weights, feature_requires_grad=None,
+                output_dtype=SparseType.FP32.as_int())
+        return out, leaf
+
     def block_weights(self) -> list[Tensor]:
         if self.cached:  # updated rows back to host memory, the cache emptied: the weights are current, writes are seen
             self.tbe.flush()

@@ -55,7 +55,7 @@ def apply_update(
     optimizer: str,
     weight: Tensor,
     state: dict[str, Tensor],
-    rows: Tensor,
+    rows: Tensor | None,
     grad: Tensor,
     config: OptimizerConfig,
     learning_rate: float,
@@ -63,30 +63,41 @@ def apply_update(
 ) -> None:
     """Update ``weight[rows]`` (and the state's rows) in place from the summed gradient ``grad``.
 
-    rows: unique row indices [U]; grad: [U, dim] fp32, duplicates already summed.
+    rows: unique row indices [U], grad: [U, dim] fp32, duplicates already summed; None: every row
+    (grad [rows, dim]; sgd, adagrad and rowwise_adagrad leave a row of zero gradient as it was).
     """
-    w = weight.index_select(0, rows).float()
+    def take(t: Tensor) -> Tensor:
+        return t if rows is None else t.index_select(0, rows)
+
+    def put(t: Tensor, value: Tensor) -> None:
+        if rows is None:
+            if value is not t:
+                t.copy_(value)
+        else:
+            t.index_copy_(0, rows, value)
+
+    w = take(weight).float()  # every row of an fp32 weight: the weight itself, updated in place
     if optimizer == "sgd":
         w -= learning_rate * grad
     elif optimizer == "adagrad":
-        m = state["momentum1"].index_select(0, rows) + grad * grad
-        state["momentum1"].index_copy_(0, rows, m)
+        m = take(state["momentum1"]) + grad * grad
+        put(state["momentum1"], m)
         w -= learning_rate * grad / (m.sqrt() + config.eps)
     elif optimizer == "rowwise_adagrad":
-        m = state["momentum1"].index_select(0, rows) + (grad * grad).mean(dim=1)
-        state["momentum1"].index_copy_(0, rows, m)
+        m = take(state["momentum1"]) + (grad * grad).mean(dim=1)
+        put(state["momentum1"], m)
         w -= (learning_rate / (m.sqrt() + config.eps)).unsqueeze(1) * grad
     elif optimizer == "adam":
-        m1 = state["momentum1"].index_select(0, rows) * config.beta1 + (1.0 - config.beta1) * grad
-        m2 = state["momentum2"].index_select(0, rows) * config.beta2 + (1.0 - config.beta2) * grad * grad
-        state["momentum1"].index_copy_(0, rows, m1)
-        state["momentum2"].index_copy_(0, rows, m2)
+        m1 = take(state["momentum1"]) * config.beta1 + (1.0 - config.beta1) * grad
+        m2 = take(state["momentum2"]) * config.beta2 + (1.0 - config.beta2) * grad * grad
+        put(state["momentum1"], m1)
+        put(state["momentum2"], m2)
         m1_hat = m1 / (1.0 - config.beta1**step)
         m2_hat = m2 / (1.0 - config.beta2**step)
         w -= learning_rate * m1_hat / (m2_hat.sqrt() + config.eps)
     else:
         raise AssertionError(f"unknown optimizer {optimizer!r}")
-    weight.index_copy_(0, rows, w.to(weight.dtype))
+    put(weight, w.to(weight.dtype))
 
 
 def new_state(optimizer: str, num_rows: int, dim: int, device: torch.device) -> dict[str, Tensor]:

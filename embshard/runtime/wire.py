@@ -19,7 +19,7 @@ from torch import Tensor
 
 from embshard.comms import WIRE_BYTES, CommsPrecision
 from embshard.planner.cost.allreduce import hierarchical_allreduce
-from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd, hierarchical_all_reduce, host_groups
+from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd, hierarchical_all_reduce, host_groups, reduce_scatter
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,3 +60,10 @@ def wire_all_reduce_(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
     else:
         all_reduce(wire, pg)
     return flat if wire is flat else flat.copy_(wire)
+
+
+def wire_reduce_scatter(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
+    """`embshard.runtime.comm.reduce_scatter` of ``flat`` on the wire (and in the sum) as ``dtype``; fp32 back."""
+    if dtype == "fp32":
+        return reduce_scatter(flat, pg)
+    return reduce_scatter(flat.to(TORCH_DTYPES[dtype]), pg).float()

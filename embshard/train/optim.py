@@ -57,7 +57,7 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     table_optimizer: str | None = None  # every table's fused optimizer; None keeps each table's own
     clip_grad_norm: float | None = None  # max L2 norm of the dense gradients; None = no clipping
-    sharded_update: bool = False  # dense optimizer state and update sharded across ranks (ZeRO-1); unsharded runs ignore it
+    sharded_update: bool = False  # optimizer state and update sharded across ranks (ZeRO-1): dense layers and all-reduce data-parallel tables; unsharded runs ignore it
 
     def __post_init__(self) -> None:
         if self.table_optimizer is not None and self.table_optimizer not in TABLE_OPTIMIZERS:

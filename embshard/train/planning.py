@@ -6,6 +6,7 @@ divided over the ranks under ``optim.sharded_update``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,14 +47,16 @@ def run_plan(settings: TrainSettings, ctx: RankContext, console: Console | None)
 
 
 def planning_topology(settings: TrainSettings) -> Topology:
-    """The run's topology with at least its dense layers' bytes reserved on every rank (embshard.planner.cost.dense)."""
+    """The run's topology with at least its dense layers' bytes reserved on every rank (embshard.planner.cost.dense),
+    and ``sharded_dp_update`` as ``optim.sharded_update`` says."""
     with torch.device("meta"):  # sizes only: nothing is allocated
         model = DLRM(settings.model, settings.specs, NUM_DENSE, embedding_device="meta")
     embedding = {id(p) for m in model.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
                  for p in m.parameters()}
     numels = [p.numel() for p in model.parameters() if id(p) not in embedding]
     dense = settings.optim.dense
-    topology = settings.topology
+    # optim.sharded_update shards data-parallel tables' updates too: planned (memory) and run as the plan says
+    topology = replace(settings.topology, sharded_dp_update=settings.optim.sharded_update)
     return reserve_dense(topology, dense_bytes_per_rank(numels, state_floats(dense.name, dense.momentum), topology.world_size,
                                                         settings.optim.sharded_update))
 
@@ -69,6 +72,10 @@ def check_plan_file(plan: ShardingPlan, settings: TrainSettings, world_size: int
     if plan.topology.world_size != world_size:
         raise ValueError(f"{where}: the plan is for {plan.topology.world_size} ranks but {world_size} run; plan again "
                          f"with topology.world_size={world_size}, or drop plan_file to plan at start")
+    if plan.topology.sharded_dp_update != settings.optim.sharded_update:
+        raise ValueError(f"{where}: the plan has topology.sharded_dp_update={plan.topology.sharded_dp_update} but this run "
+                         f"optim.sharded_update={settings.optim.sharded_update}; set optim.sharded_update="
+                         f"{str(plan.topology.sharded_dp_update).lower()}, or drop plan_file to plan at start")
     planned = {s.name: s for s in plan.specs}
     missing = [s.name for s in settings.specs if s.name not in planned]
     extra = sorted(set(planned) - {s.name for s in settings.specs})

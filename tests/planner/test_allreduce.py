@@ -45,11 +45,11 @@ def test_hierarchical_where_ranks_span_hosts_and_it_pays():
 
 
 def test_hierarchical_bytes_cross_hosts_once_per_local_share():
-    """2 hosts x 4 ranks, a 1000 x 7 data-parallel table: 8,000 floats (gradient and a count per row).
+    """2 hosts x 4 ranks, a 1000 x 7 data-parallel adam table: 8,000 floats (gradient and adam's count per row).
     Hierarchical: each rank sends 3/4 of the buffer inside the host twice (reduce-scatter, all-gather) and
     its 2,000 floats' ring share across (2 x 1,000); the ring sends 2 x 7/8 of it from one rank per host."""
     topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=8)
-    specs = [TableSpec("t", 1000, 7)]
+    specs = [TableSpec("t", 1000, 7, optimizer="adam")]
     layout = {"t": ("data_parallel", ())}
     tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, layout).tables]
     hier = evaluate(specs, topo, tables)

@@ -319,14 +319,15 @@ def test_bound_counts_the_requester_side_on_a_big_shards_rank():
 def test_local_search_reshards_when_the_maximum_falls_though_the_smooth_maximum_rises():
     # 300 tables on 128 ranks: splitting the slowest rank's table finer lifts every rank's requester side, so
     # the smooth maximum rises although the objective falls; the search takes such steps too (it stopped at
-    # 2.6829 ms after 14 steps), and stops once PATIENCE steps find no better maximum
+    # 2.6829 ms after 14 steps; 2.55-2.57 ms since, as the cost model changed), and stops once PATIENCE steps find
+    # no better maximum
     from embshard.planner.search.greedy import replication_prepass
 
     specs = generate_tables(300, seed=0, sequence_fraction=0.1)
     problem = build_problem(specs, Topology(world_size=128, local_world_size=8, hbm_gib=16, batch_size_per_rank=128), Constraints())
     start = greedy(problem, default_order(problem), replication_prepass(problem))
     state, steps = local_search(start, float("inf"))
-    assert max(state.costs()) < 0.95 * 2.6829 and 14 < steps < 1000
+    assert max(state.costs()) < 0.97 * 2.6829 and 14 < steps < 1000
 
 
 def test_shards_go_to_the_rank_cheapest_after_they_come():

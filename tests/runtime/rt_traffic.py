@@ -2,7 +2,8 @@
 traffic counter (embshard.runtime.comm.counting_traffic) against the cost model's bytes
 (embshard.planner.cost.traffic.rank_traffic_bytes), per rank and link class.
 
-Random plans over every sharding type, pooled and sequence, both data-parallel modes. The
+Random plans over every sharding type, pooled and sequence, both data-parallel modes (and sharded
+weight updates). The
 batches are what the model assumes, exactly: B bags per rank, every bag pooling_factor ids
 long, and each rank's ids of a feature hit every row equally often (B * P is a multiple
 of N: a shuffled copy of all rows), so a row shard with n of N rows gets n/N of them.
@@ -113,6 +114,8 @@ def run_traffic(specs: list[TableSpec], types: list[ShardingType], pg: dist.Proc
     topo = dataclasses.replace(traffic_topology(W), reduce_in_host=not flat)
     if seed % 2:
         topo = dataclasses.replace(topo, replicated_dp_lookup=True)
+    elif seed == 2:  # sharded weight updates: a reduce-scatter and an all-gather instead of the all-reduce
+        topo = dataclasses.replace(topo, sharded_dp_update=True)
     plan = make_plan(specs, topo, types)
     hot: dict[str, list[int]] = {}
     if hot_rows:

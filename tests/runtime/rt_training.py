@@ -108,12 +108,12 @@ def make_plan(specs: list[TableSpec], topo: Topology, types: list[ShardingType],
 
 # ---- batches ----------------------------------------------------------------------------
 def make_batches(specs: list[TableSpec], world_size: int, weighted: bool, seed: int,
-                 empty_ranks: bool = False) -> list[list[dict]]:
+                 empty_ranks: bool = False, steps: int = STEPS) -> list[list[dict]]:
     """[step][rank] -> {feature: (lengths, ids, weights)}; rank r has 3 + 2r bags, some empty.
     empty_ranks: at step s, rank s % world_size has no bags at all (a serving share may be empty)."""
     gen = torch.Generator().manual_seed(seed)
-    steps = []
-    for step in range(STEPS):
+    batches = []
+    for step in range(steps):
         ranks = []
         for r in range(world_size):
             batch, B = {}, 0 if empty_ranks and r == step % world_size else 3 + 2 * r
@@ -128,8 +128,8 @@ def make_batches(specs: list[TableSpec], world_size: int, weighted: bool, seed: 
                     weights = torch.rand(n, generator=gen) + 0.5 if weighted else None
                     batch[f] = (lengths, ids, weights)
             ranks.append(batch)
-        steps.append(ranks)
-    return steps
+        batches.append(ranks)
+    return batches
 
 
 def features_of(specs: list[TableSpec]) -> list[str]:
@@ -158,8 +158,8 @@ def make_reference(specs: list[TableSpec], tables: dict[str, Tensor], pooled: bo
 
 def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, pooled: bool,
           weighted: bool = False, mean: bool = False, seed: int = 0, data_parallel_mode: str | None = None,
-          empty_ranks: bool = False, eval_forwards: bool = False):
-    """Forward + 5 fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors).
+          empty_ranks: bool = False, eval_forwards: bool = False, steps: int = STEPS):
+    """Forward + ``steps`` (5) fused updates, sharded vs reference: (sharded, reference, reference optimizer, errors).
     eval_forwards: after each update, forwards without backward (no-grad, and in eval mode) that must change nothing."""
     rank, W = dist.get_rank(pg), dist.get_world_size(pg)
     tables = full_tables(specs, seed)
@@ -174,7 +174,7 @@ def train(specs: list[TableSpec], plan: ShardingPlan, pg: dist.ProcessGroup, *, 
     # that nearly cancel may cancel exactly (or not), and adagrad / adam's first step, lr g / |g|, is not
     # within u of the fp32 one then (a row of w4-wire-fp16-fp16-mixed-sequence: fp32 sum 6.6e-6, fp16 0).
     wire_grad = TORCH_DTYPES[plan.topology.comms.backward]
-    for step, batches in enumerate(make_batches(specs, W, weighted, seed, empty_ranks)):
+    for step, batches in enumerate(make_batches(specs, W, weighted, seed, empty_ranks, steps)):
         if step == 3:  # the learning rate can change between steps
             sharded.set_learning_rate(LR / 2)
             ref_opt.lr = LR / 2

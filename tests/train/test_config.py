@@ -140,6 +140,10 @@ def test_a_saved_plan_must_fit_the_run() -> None:
     wider = settings(["plan_file=plan.json", "tables.0.num_embeddings=7"])
     with pytest.raises(ValueError, match=r"table 'cat_0'.num_embeddings is 1460 in the plan but 7 in this run"):
         check_plan_file(plan, wider, 1)
+    zero = settings(["plan_file=plan.json", "optim.sharded_update=true"])  # the plan's data-parallel updates are not sharded
+    with pytest.raises(ValueError, match=r"topology.sharded_dp_update=False but this run optim.sharded_update=True; "
+                                         r"set optim.sharded_update=false"):
+        check_plan_file(plan, zero, 1)
 
 
 CLI_CASES = {

@@ -63,13 +63,13 @@ from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.comms import WIRE_BYTES  # noqa: F401
-from embshard.planner.cost.allreduce import collective_fixed_ms, runtime_allreduce_ms
+from embshard.planner.cost.allreduce import collective_fixed_ms, flat_allreduce_ms, runtime_allreduce_ms
 from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allreduce_ms  # noqa: F401 (calibrate's fit: bandwidth terms)
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
 from embshard.planner.types import Location, Perf, ShardingType
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, dp_allreduce_floats_per_row
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 SECTOR_BYTES = 32
@@ -256,8 +256,11 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     rb = row_bytes(spec, D)
     fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
-    # dense backward: zero + scatter-add the full gradient, then update every row and its state
-    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + 2 * grad_bytes + N * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    # dense backward: zero + scatter-add the full gradient, then update every row and its state (sharded updates:
+    # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer)
+    W = topo.world_size if topo.sharded_dp_update else 1
+    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + (2 + (W > 1)) * grad_bytes + \
+        N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
     out_bytes = out_rows * D * OUTPUT_BYTES
     fwd += _ns(ids, topo.dp_fwd_ns_per_id)
@@ -269,14 +272,24 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=runtime_allreduce_ms(N * (D + 1) * wire_bytes(topo, "dp_allreduce"), topo),  # gradient, ids per row
+        dp_allreduce_ms=_dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo),
     ), topo)
+
+
+def _dp_exchange_ms(num_floats: int, topo: Topology) -> float:
+    """The exchange of an all-reduce buffer of num_floats as the runtime runs it: the all-reduce in its wire
+    dtype (hierarchical where it pays, `embshard.planner.cost.allreduce`), or with sharded updates a
+    reduce-scatter on the wire and an all-gather in fp32 over all ranks, each half of a ring all-reduce's traffic."""
+    wire = wire_bytes(topo, "dp_allreduce")
+    if topo.sharded_dp_update:
+        return flat_allreduce_ms(num_floats * (wire + GRAD_BYTES) / 2, topo) + collective_fixed_ms(topo, 2)
+    return runtime_allreduce_ms(num_floats * wire, topo)
 
 
 def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
     """Bytes each rank all-reduces per step for a table's hot replica (cost/hot_rows.py): what the runtime's
-    flat buffer holds, fp32 gradient rows and one count per row (priced as the gradient: `data_parallel_perf`)."""
-    return num_hot_rows * (spec.embedding_dim + 1) * GRAD_BYTES
+    flat buffer holds, fp32 gradient rows and adam's count per row (priced as the gradient: `data_parallel_perf`)."""
+    return num_hot_rows * dp_allreduce_floats_per_row(spec.optimizer, spec.embedding_dim) * GRAD_BYTES
 
 
 def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from embshard.planner.cost.perf import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
 from embshard.planner.cost.tiers import CACHE_SLOT_BYTES
 from embshard.planner.types import Location, ShardingType, Storage
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, piece_rows
 from embshard.topology import Topology
 
 
@@ -53,12 +53,17 @@ def requester_storage(spec: TableSpec, topo: Topology, inference: bool = False) 
     return Storage(io_bytes=int(_output_copies(inference) * out_rows * spec.embedding_dim * OUTPUT_BYTES))
 
 
-def data_parallel_storage(spec: TableSpec, topo: Topology, inference: bool = False) -> Storage:
+def data_parallel_storage(spec: TableSpec, topo: Topology, inference: bool = False, mode: str | None = None) -> Storage:
+    """A replica on every rank. Trained by all-reduce (``mode``; None: the topology's) with
+    ``topology.sharded_dp_update``: each rank keeps the optimizer state of its piece of the rows (rank
+    0's is the largest, `embshard.specs.piece_rows`) and a second gradient buffer (the reduce-scatter's)."""
     N, D = spec.num_embeddings, spec.embedding_dim
     B, F = topo.batch_size_per_rank, spec.num_features
     ids = B * spec.pooling_factor * F
+    sharded = topo.sharded_dp_update and (mode or topo.data_parallel_mode) == "allreduce" and not inference
+    state_rows = piece_rows(N, topo.world_size)[0] if sharded else N
     return Storage(
         weights_bytes=N * spec.row_bytes(D),
-        optimizer_bytes=0 if inference else N * spec.optimizer_state_bytes_per_row(D),
-        io_bytes=int((0 if inference else N * D * GRAD_BYTES) + ids * ID_BYTES + B * F * LENGTH_BYTES),
+        optimizer_bytes=0 if inference else state_rows * spec.optimizer_state_bytes_per_row(D),
+        io_bytes=int((0 if inference else (1 + sharded) * N * D * GRAD_BYTES) + ids * ID_BYTES + B * F * LENGTH_BYTES),
     ) + requester_storage(spec, topo, inference)

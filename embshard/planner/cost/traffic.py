@@ -32,7 +32,7 @@ from embshard.planner.cost.allreduce import hierarchical_allreduce, local_chunks
 from embshard.planner.cost.hot_rows import hot_split
 
 from embshard.planner.types import ShardingType
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, dp_allreduce_floats_per_row, sharded_segment_floats
 from embshard.topology import Topology
 
 ID_BYTES = 8  # int64 ids
@@ -43,7 +43,7 @@ GRAD_BYTES = WIRE_BYTES["fp32"]  # dense gradients and optimizer state are fp32
 
 def wire_bytes(topo: Topology, direction: str) -> float:
     """Bytes of one embedding (gradient) element on the wire: 'forward' (output dist), 'backward'
-    (its gradients), 'dp_allreduce' (data-parallel gradients and id counts); `Topology.comms`."""
+    (its gradients), 'dp_allreduce' (data-parallel gradients, adam's id counts); `Topology.comms`."""
     return topo.comms.bytes_per_element(direction)
 
 
@@ -143,23 +143,23 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
     placements (TablePlacement-like)."""
     by_name = {s.name: s for s in specs}
     links = _Links(topo)
-    allreduce_elems = {True: 0, False: 0}  # pooled / sequence collection: one all-reduce each
+    reduced: dict[bool, list[tuple[int, int, str]]] = {True: [], False: []}  # pooled / sequence collection: one all-reduce each
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             if (getattr(t, "data_parallel_mode", None) or topo.data_parallel_mode) == "replicated_lookup":
                 _replicated_lookup(spec, topo, links)
             else:
-                allreduce_elems[spec.pooled] += spec.num_embeddings * (spec.embedding_dim + 1)  # gradients, id counts
+                reduced[spec.pooled].append((spec.num_embeddings, spec.embedding_dim, spec.optimizer))
             continue
         if getattr(t, "hot_rows", 0):  # the cold lookups travel; the hot replica joins the all-reduce (cost/hot_rows.py)
             spec, hot = hot_split(spec, t.hot_rows)
-            allreduce_elems[spec.pooled] += hot.num_embeddings * (hot.embedding_dim + 1)
+            reduced[spec.pooled].append((hot.num_embeddings, hot.embedding_dim, hot.optimizer))
         _sharded(spec, topo, t.sharding_type, t.shards, links)
     out = links.per_rank()
-    for elems in allreduce_elems.values():
-        if elems:
-            out = [a + b for a, b in zip(out, _allreduce_bytes(elems, topo))]
+    for tables in reduced.values():
+        if tables:
+            out = [a + b for a, b in zip(out, _dp_exchange_bytes(tables, topo))]
     return out
 
 
@@ -195,11 +195,19 @@ def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
         links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * wire_bytes(topo, "backward"))
 
 
-def _allreduce_bytes(num_elems: int, topo: Topology) -> list[TrafficBytes]:
-    """The all-reduce the runtime runs for num_elems (`embshard.planner.cost.allreduce`): a ring over
-    all ranks, or reduce-scatter in the host, a ring across hosts, all-gather in the host."""
+def _dp_exchange_bytes(tables: Sequence[tuple[int, int, str]], topo: Topology) -> list[TrafficBytes]:
+    """One collection's data-parallel exchange (tables: rows, width, optimizer) as the runtime runs it: with
+    ``sharded_dp_update`` a reduce-scatter (on the wire) and an all-gather (fp32) of W segments as rings, each
+    passing W - 1 segments to the next rank; else the all-reduce of the flat buffer
+    (`embshard.planner.cost.allreduce`): a ring over all ranks, or reduce-scatter in the host, a ring across
+    hosts, all-gather in the host."""
     links = _Links(topo)
     W, L, e = topo.world_size, topo.local_world_size, wire_bytes(topo, "dp_allreduce")
+    if topo.sharded_dp_update:
+        sent = (W - 1) * sharded_segment_floats(tables, W) * (e + GRAD_BYTES)
+        links.add(np.arange(W), (np.arange(W) + 1) % W, np.full(W, sent))
+        return links.per_rank()
+    num_elems = sum(n * dp_allreduce_floats_per_row(opt, w) for n, w, opt in tables)
     if not hierarchical_allreduce(num_elems * e, topo):
         links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * e)
         return links.per_rank()
