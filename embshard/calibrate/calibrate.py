@@ -177,13 +177,20 @@ def samples_of(data: Mapping[str, Any]) -> list[Sample]:
 
 def fit_data(data: Mapping[str, Any]) -> Fit:
     """Fit every term; without measured collectives, communication keeps the device's datasheet
-    bandwidth and no per-collective latency (comm_note)."""
+    bandwidth and no per-collective latency (comm_note). Where collectives crossed hosts, the host's
+    terms are fitted first without them (as a one-host calibration would), then held while the
+    inter-host bandwidth and latency are fitted on the rows between hosts: the two apart."""
     device = data.get("device", "cpu")
-    fixed = {} if data.get("collectives") else {
+    collectives = data.get("collectives", [])
+    fixed = {} if collectives else {
         "intra_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["intra_host_gb_per_s"] * 1e6), "collective_ms": 0.0}
+    one_host = {"inter_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), "inter_host_collective_ms": 0.0}
+    samples = samples_of(data)
     if not crossed_hosts(data):
-        fixed.update(inter_host_gb_per_s=1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), inter_host_collective_ms=0.0)
-    return fit(samples_of(data), data.get("collectives", []), fixed)
+        return fit(samples, collectives, {**fixed, **one_host})
+    in_host = [r for r in collectives if r.get("local_world_size", r["world_size"]) >= r["world_size"]]
+    host = fit(samples, in_host, {**fixed, **one_host}).theta
+    return fit(samples, collectives, {t: v for t, v in host.items() if t not in one_host})
 
 
 def crossed_hosts(data: Mapping[str, Any]) -> int:
