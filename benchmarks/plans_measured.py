@@ -39,13 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_accuracy import today, update_section  # noqa: E402
 from local_ranks import run_script_ranks  # noqa: E402
+import profiles  # noqa: E402
 
 from embshard.calibrate.measure import measure_rounds  # noqa: E402
 from embshard.machine import cpu_model  # noqa: E402
@@ -74,8 +74,7 @@ def workloads() -> dict[str, tuple[tuple[TableSpec, ...], float]]:
 
 
 def profile_topology(name: str, hbm_gib: float) -> Topology:
-    raw = yaml.safe_load((REPO / "embshard" / "configs" / "topology" / f"{name}.yaml").read_text())
-    return Topology.from_dict({**raw, "world_size": W, "local_world_size": W, "batch_size_per_rank": BATCH, "hbm_gib": hbm_gib})
+    return profiles.profile_topology(name, world_size=W, local_world_size=W, batch_size_per_rank=BATCH, hbm_gib=hbm_gib)
 
 
 def greedy_plan(specs, topo: Topology) -> ShardingPlan:

@@ -51,8 +51,9 @@ from embshard.planner.types import ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
-from embshard.topology import DATA_PARALLEL_MODES, Topology
+from embshard.topology import DATA_PARALLEL_MODES
 from local_ranks import init_rank, run_ranks
+from profiles import profile_sentence, profile_topology
 
 ST = ShardingType
 RANKS_PER_HOST, BATCH_SIZE, LR = 2, 2048, 0.01
@@ -207,8 +208,8 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int,
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     rank, world, pooled = dist.get_rank(pg), dist.get_world_size(pg), specs[0].pooled
-    topology = Topology(world_size=world, local_world_size=per_host, device="cpu", batch_size_per_rank=options.batch)
-    plan = manual_plan(specs, topology, layout)
+    plan = manual_plan(specs, profile_topology(options.profile, world_size=world, local_world_size=per_host, device="cpu",
+                                               batch_size_per_rank=options.batch), layout)
     batches = make_batches(specs, rank, options.batch)
     ours = embshard_model(specs, plan, pg)
     theirs, dense_opt = torchrec_model(specs, plan, pg)
@@ -308,7 +309,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         "its `TrainPipelineSparseDist` (it runs on CPU: without CUDA streams it issues the next batch's input dist "
         "before this one's forward). Speed-up: the faster TorchRec configuration's step time / embshard's. "
         "embshard's phases: of its plain step, medians on rank 0 (input dist includes validation and waiting for the "
-        "slower rank).",
+        f"slower rank). Each data-parallel table trains in the mode the cost model prices cheaper on {profile_sentence(meta['profile'])}.",
         "",
         "| case | embshard samples/s | embshard pipelined | TorchRec DMP | TorchRec pipeline | speed-up plain "
         "| speed-up pipelined | input dist ms | lookup ms | output dist ms | backward ms |",
@@ -356,6 +357,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=1, choices=(1, 2), help="2: on 2 emulated hosts x 2 ranks (root)")
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per configuration")
     parser.add_argument("--batch", type=int, default=BATCH_SIZE, help="batch per rank")
+    parser.add_argument("--profile", default="cpu_gloo_measured",
+                        help="topology profile that prices the plans (each data-parallel table's mode); none: datasheet terms")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -365,8 +368,8 @@ def main() -> None:
     out = Path(args.out or f"benchmarks/results/{'runtime' if args.hosts == 1 else 'runtime_hosts'}.md")
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
     shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", args.only, "--steps", str(args.steps),
-                                   "--batch", str(args.batch), *(["--dp-modes"] if args.dp_modes else [])], hosts=args.hosts, ranks_per_host=RANKS_PER_HOST)
-    meta = {"hosts": args.hosts, "shaping": shaping, "steps": args.steps, "batch": args.batch,
+                                   "--batch", str(args.batch), "--profile", args.profile, *(["--dp-modes"] if args.dp_modes else [])], hosts=args.hosts, ranks_per_host=RANKS_PER_HOST)
+    meta = {"hosts": args.hosts, "shaping": shaping, "steps": args.steps, "batch": args.batch, "profile": args.profile,
             "command": " ".join([COMMAND, *sys.argv[1:]])}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(json.loads(json_path.read_text()), meta))

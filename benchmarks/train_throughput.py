@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from local_ranks import init_rank, run_ranks
+from profiles import profile_sentence, profile_topology
 
 from embshard.machine import cpu_model
 
@@ -59,15 +60,14 @@ CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1), True),
 DCN_LAYERS, DCN_RANK = 3, 64
 
 
-def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world_size: int):
+def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world_size: int, profile: str):
     from embshard import planner
     from embshard.planner.types import Constraints, ShardingType, TableConstraint
     from embshard.specs import load_tables_file
-    from embshard.topology import Topology
 
     specs, _ = load_tables_file(ROOT / "embshard" / "configs" / "tables" / "criteo_small.yaml")
-    topology = Topology(world_size=world_size, local_world_size=local_world_size, hbm_gib=16, batch_size_per_rank=batch,
-                        device="cpu")
+    topology = profile_topology(profile, world_size=world_size, local_world_size=local_world_size, hbm_gib=16,
+                                batch_size_per_rank=batch, device="cpu")
     sharded = tuple(t for t in ShardingType if t is not ShardingType.DATA_PARALLEL)
     constraints = None if data_parallel else Constraints({s.name: TableConstraint(sharded) for s in specs})
     return specs, planner.plan(specs, topology, constraints, time_budget_s=2.0, torchrec_compatible=True)
@@ -206,7 +206,7 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     torch.manual_seed(0)
     world = dist.get_world_size(pg)
     batch = options.batch or batch
-    specs, plan = specs_and_plan(batch, data_parallel, world, local_world_size)
+    specs, plan = specs_and_plan(batch, data_parallel, world, local_world_size, options.profile)
     batches = make_batches(specs, dist.get_rank(pg), world, batch)
     ours, ours_pipelined, pipeline = embshard_steps(*embshard_model(specs, plan, pg, interaction, bottom, top), batches, pg)
     theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
@@ -252,7 +252,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`",
         "",
         "Same tables (criteo_small: 26 tables, dim 16, up to 100,000 rows), batches, plan (embshard's planner, "
-        "torchrec_compatible) and optimizers (fused rowwise_adagrad for tables, Adagrad for MLPs). "
+        f"torchrec_compatible, on {profile_sentence(meta['profile'])}) and optimizers (fused rowwise_adagrad for tables, Adagrad for MLPs). "
         "Bottom MLP 13-64-16, top MLP 256-128-1; DCN: 3 layers, rank 64. "
         "Each runtime runs two ways: embshard plain and pipelined (`pipeline: true`: the next batch's input dist on a "
         "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
@@ -294,6 +294,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=ITERS, help="steps per round")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per configuration")
     parser.add_argument("--batch", type=int, default=0, help="batch per rank of every case (0: the case's own)")
+    parser.add_argument("--profile", default="cpu_gloo_measured", help="topology profile the planner plans with; none: datasheet terms")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -304,10 +305,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path = out.with_suffix(".json")
     forwarded = ["--repeats", str(args.repeats), "--only", args.only, "--iters", str(args.iters), "--rounds",
-                 str(args.rounds), "--batch", str(args.batch)]
+                 str(args.rounds), "--batch", str(args.batch), "--profile", args.profile]
     shaping = run_ranks(__file__, ["--worker", "--json", str(json_path.absolute()), *forwarded], hosts=args.hosts,
                         ranks_per_host=RANKS_PER_HOST, env={"PYTHONPATH": str(ROOT)})
-    meta = {"hosts": args.hosts, "shaping": shaping, "iters": args.iters, "rounds": args.rounds,
+    meta = {"hosts": args.hosts, "shaping": shaping, "iters": args.iters, "rounds": args.rounds, "profile": args.profile,
             "command": " ".join([COMMAND, *sys.argv[1:]])}
     out.write_text(markdown(json.loads(json_path.read_text()), meta))
     print(out.read_text())
