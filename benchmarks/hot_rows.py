@@ -222,11 +222,14 @@ def run_workload(s: float, size: dict, pg, per_host: int, counter: ByteCounter, 
                         inter_host_gb_per_s=2 * LINK_GBIT / 8 if hosts > 1 else 0.0)  # half-duplex: sent + received
         # layouts both runtimes run (TorchRec's EmbeddingCollection has no data-parallel on CPU)
         allowed = TableConstraint((ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE))
-        plan = planner.plan(specs, topo, Constraints(tables={t.name: allowed for t in specs}), time_budget_s=5,
-                            hot_ids_file=str(hot_ids))
-        text = [plan.to_json()]
+        constraints = Constraints(tables={t.name: allowed for t in specs})
+        plan = planner.plan(specs, topo, constraints, time_budget_s=5, hot_ids_file=str(hot_ids))
+        # TorchRec's DMP on a layout of its own where embshard's cannot be exported (row_wise over some ranks)
+        exportable = all(t.sharding_type is not ShardingType.ROW_WISE or len(t.shards) == W for t in plan.tables)
+        theirs_plan = None if exportable else planner.plan(specs, topo, constraints, time_budget_s=5, torchrec_compatible=True)
+        text = [plan.to_json(), theirs_plan and theirs_plan.to_json()]
     else:
-        text = [None]
+        text = [None, None]
     dist.broadcast_object_list(text, src=0, group=pg)
     plan = planner.ShardingPlan.from_json(text[0])
     cold_plan = dataclasses.replace(plan, tables=tuple(dataclasses.replace(t, hot_rows=0) for t in plan.tables), hot_ids_file="")
@@ -235,7 +238,8 @@ def run_workload(s: float, size: dict, pg, per_host: int, counter: ByteCounter, 
     config = OptimizerConfig(learning_rate=LR)
     hot = ShardedEmbeddingCollection(specs, plan, pg, optimizer=config)
     cold = ShardedEmbeddingCollection(specs, cold_plan, pg, optimizer=config)
-    theirs, _ = torchrec_model(specs, cold_plan, pg)  # sequence tables only: no dense optimizer
+    theirs_plan = cold_plan if text[1] is None else planner.ShardingPlan.from_json(text[1])
+    theirs, _ = torchrec_model(specs, theirs_plan, pg)  # sequence tables only: no dense optimizer
     setup_s = time.perf_counter() - t0
 
     steps = {RUNS[0]: lambda i: loss_of(hot(batches[i % len(batches)]), False).backward(),
@@ -246,6 +250,7 @@ def run_workload(s: float, size: dict, pg, per_host: int, counter: ByteCounter, 
                  for name, p in ((RUNS[0], plan), (RUNS[1], cold_plan))}
     return {"zipf": s, "tables": [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor) for t in specs],
             "layout": {t.name: f"{t.sharding_type.value}/{len(t.shards)}" for t in plan.tables},
+            "torchrec_layout": None if text[1] is None else {t.name: f"{t.sharding_type.value}/{len(t.shards)}" for t in theirs_plan.tables},
             "hot_rows": {t.name: t.hot_rows for t in plan.tables},
             "hot_share": {t.name: lookup_share(plan.spec(t.name), t.hot_rows) for t in plan.tables},
             "runs": runs, "predicted_inter_host_bytes": predicted, "setup_s": setup_s,
@@ -348,7 +353,9 @@ def markdown_hosts(data: dict) -> list[str]:
                                           f"({r['hot_rows'][n] / rows:.1%} of rows, {r['hot_share'][n]:.0%} of lookups)"
                                           for n, rows, _, _ in r["tables"]) +
                   f"; predicted {r['predicted_ms']:.2f} ms per step with hot rows, {r['predicted_cold_ms']:.2f} ms without. "
-                  f"Set-up (statistics, planning, three models) {r['setup_s']:.0f} s.", "",
+                  f"Set-up (statistics, planning, three models) {r['setup_s']:.0f} s." +
+                  ("" if r["torchrec_layout"] is None else " TorchRec cannot run that layout (row_wise over some ranks): its DMP "
+                   "runs the planner's torchrec_compatible plan, " + ", ".join(f"{n} {v}" for n, v in r["torchrec_layout"].items()) + "."), "",
                   "| run | all-to-all MB/step | all-reduce MB/step | inter-host MB/step counted | predicted | link MB/step "
                   "| step ms | samples/s | steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, x in runs.items():
@@ -387,7 +394,8 @@ def markdown(parts: list[dict], skipped: str, command: str, seconds: float) -> s
     lines = ["# Hot-row replication on skewed sequence tables; sharded weight updates", "",
              f"Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo on CPU, 1 thread per rank. "
              f"Command: `{command}` ({seconds:.0f} s in all). Embedding runs: embshard with the planner's hot rows, embshard on "
-             "the same layout without them, TorchRec's DMP on that layout.", ""]
+             "the same layout without them, TorchRec's DMP on that layout (or, where TorchRec cannot run it, on the planner's "
+             "torchrec_compatible plan of the same tables).", ""]
     for data in parts:
         lines += markdown_hosts(data)
     if skipped:
