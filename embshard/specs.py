@@ -45,7 +45,8 @@ def dp_allreduce_floats_per_row(optimizer: str, dim: int) -> int:
 
 
 def piece_rows(num_rows: int, world: int) -> list[int]:
-    """Rows of each rank's piece of a block of num_rows in a sharded update (torch.tensor_split's cut)."""
+    """Sizes of the ``world`` parts torch.tensor_split cuts num_rows into: each rank's piece of a block in a
+    sharded update, each local rank's share of the buffer in a hierarchical all-reduce."""
     return [num_rows // world + (r < num_rows % world) for r in range(world)]
 
 

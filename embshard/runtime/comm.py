@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.planner.cost.allreduce import local_chunks
 from embshard.planner.cost.traffic import TrafficBytes, ring_allreduce_sent
+from embshard.specs import piece_rows
 from embshard.topology import Topology
 
 
@@ -139,10 +139,10 @@ def host_groups(pg: dist.ProcessGroup) -> HostGroups | None:
 
 def hierarchical_all_reduce(x: Tensor, hosts: HostGroups) -> None:
     """Sum contiguous ``x`` over all ranks in place: each of the host's L ranks owns 1/L of it
-    (`local_chunks`): an all-to-all inside the host and a sum (reduce-scatter), an all-reduce of
+    (`embshard.specs.piece_rows`): an all-to-all inside the host and a sum (reduce-scatter), an all-reduce of
     this rank's share across hosts, an all-to-all inside the host (all-gather). Counted as such."""
     L, i = dist.get_world_size(hosts.local), dist.get_rank(hosts.local)
-    chunks = local_chunks(x.numel(), L)
+    chunks = piece_rows(x.numel(), L)
     flat = x.view(-1)
     share = all_to_all(flat, [chunks[i]] * L, chunks, hosts.local).view(L, chunks[i]).sum(0)
     all_reduce(share, hosts.across)

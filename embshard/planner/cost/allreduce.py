@@ -1,6 +1,6 @@
 """The all-reduce of data-parallel gradients: one ring over all ranks, or hierarchical where
 ranks span hosts. Hierarchical: each of a host's L ranks owns 1/L of the buffer
-(`local_chunks`); a reduce-scatter inside the host (an all-to-all, then a sum), a ring
+(`embshard.specs.piece_rows`); a reduce-scatter inside the host (an all-to-all, then a sum), a ring
 all-reduce of that share across hosts among the ranks of the same local index, an
 all-gather inside the host (embshard.runtime.comm.hierarchical_all_reduce). Only 1/L of the
 buffer leaves each rank across hosts, against 2(W-1)/W of it through one rank per host in
@@ -12,11 +12,6 @@ both ask it). No torch here.
 from __future__ import annotations
 
 from embshard.topology import Topology
-
-
-def local_chunks(num_elems: int, num_parts: int) -> list[int]:
-    """Sizes of the parts a buffer of num_elems is cut into, as ``torch.tensor_split`` cuts it."""
-    return [num_elems // num_parts + (1 if i < num_elems % num_parts else 0) for i in range(num_parts)]
 
 
 def _ms(num_bytes: float, gb_per_s: float) -> float:

@@ -28,11 +28,11 @@ from typing import Sequence
 import numpy as np
 
 from embshard.comms import WIRE_BYTES
-from embshard.planner.cost.allreduce import hierarchical_allreduce, local_chunks
+from embshard.planner.cost.allreduce import hierarchical_allreduce
 from embshard.planner.cost.hot_rows import hot_split
 
 from embshard.planner.types import ShardingType
-from embshard.specs import TableSpec, dp_allreduce_floats_per_row, sharded_segment_floats
+from embshard.specs import TableSpec, dp_allreduce_floats_per_row, piece_rows, sharded_segment_floats
 from embshard.topology import Topology
 
 ID_BYTES = 8  # int64 ids
@@ -211,7 +211,7 @@ def _dp_exchange_bytes(tables: Sequence[tuple[int, int, str]], topo: Topology) -
     if not hierarchical_allreduce(num_elems * e, topo):
         links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * e)
         return links.per_rank()
-    chunks = np.asarray(local_chunks(num_elems, L))
+    chunks = np.asarray(piece_rows(num_elems, L))
     local = np.arange(W) % L
     src, dst = np.divmod(np.arange(W * L), L)  # every rank to every rank of its host: src, dst's local index
     dst = src - local[src] + dst
