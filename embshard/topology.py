@@ -159,6 +159,12 @@ class Topology:
     def num_hosts(self) -> int:
         return self.world_size // self.local_world_size
 
+    @property
+    def reduces_in_host(self) -> bool:
+        """Whether collectives run inside each host first: ranks on two or more hosts and ``reduce_in_host`` on
+        (the runtime's in-host reduction and the cost and byte models that price it all ask this)."""
+        return self.reduce_in_host and self.num_hosts > 1
+
     def host_of(self, rank: int) -> int:
         return rank // self.local_world_size
 

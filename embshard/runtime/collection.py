@@ -369,7 +369,7 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         super().__init__(tables, plan, pg, pooled=True, pooling=pooling or {}, weighted=weighted, optimizer=optimizer,
                          device=device, seed=seed, data_parallel_mode=data_parallel_mode, hot_ids=hot_ids)
         self.output_dist = PooledOutputDist(self.routing, pg, self.device, self.comms,
-                                            plan.topology.local_world_size if plan.topology.reduce_in_host else None)
+                                            plan.topology.local_world_size if plan.topology.reduces_in_host else None)
         features = self.hot.features if self.hot is not None else self.routing.features
         self._keys = [f.name for f in features]
         self._dims = [f.dim for f in features]

@@ -118,7 +118,7 @@ def use_hosts(pg: dist.ProcessGroup, topology: Topology) -> HostGroups | None:
     rank at the same point: a collection's constructor), or None where nothing runs in the host first
     (one host, one rank per host, or ``topology.reduce_in_host`` off)."""
     L = topology.local_world_size
-    if not topology.reduce_in_host or topology.num_hosts == 1 or L == 1:
+    if not topology.reduces_in_host or L == 1:
         _host_groups.pop(pg, None)
         return None
     made = _subgroups.setdefault(pg, {})

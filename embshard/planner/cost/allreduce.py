@@ -62,7 +62,7 @@ def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
 def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
     """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
     per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs and copies included)."""
-    if not topo.reduce_in_host or topo.num_hosts == 1 or topo.local_world_size == 1:
+    if not topo.reduces_in_host or topo.local_world_size == 1:
         return False
     return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
             < flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2))

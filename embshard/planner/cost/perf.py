@@ -186,7 +186,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_ms = []
     for direction in ("forward", "backward"):
         sent = out_rows * num_cols * wire_bytes(topo, direction)
-        if stype.splits_rows and spec.pooled and topo.num_hosts > 1 and topo.reduce_in_host:
+        if stype.splits_rows and spec.pooled and topo.reduces_in_host:
             # partial sums are first reduced among the row shards that share a host (in fp32),
             # then each sends its 1/k_h of the host's sums to the sample owners (on the wire);
             # on one host (or with reduce_in_host off) every row shard sends its own partial sums (runtime/output_dist.py)
@@ -217,7 +217,7 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
     # hosts; table_row_wise keeps them in one); on one host (or flat), one copy from every row shard
     out_copies = 1
     if stype.splits_rows and spec.pooled:
-        if topo.num_hosts == 1 or not topo.reduce_in_host:
+        if not topo.reduces_in_host:
             out_copies = num_shards
         else:
             out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE else 1

@@ -166,7 +166,7 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
 def _sharded(spec: TableSpec, topo: Topology, stype: ShardingType, shards: Sequence, links: _Links) -> None:
     B, P, F, W = topo.batch_size_per_rank, spec.pooling_factor, spec.num_features, topo.world_size
     # reduced in each host (one host, or topology.reduce_in_host off: flat)
-    row_sums = spec.pooled and stype.splits_rows and topo.num_hosts > 1 and topo.reduce_in_host
+    row_sums = spec.pooled and stype.splits_rows and topo.reduces_in_host
     for s in shards:
         ids = B * P * (s.num_rows / spec.num_embeddings if stype.splits_rows else 1)  # per rank and feature
         links.to_one(s.rank, F * (B * LENGTH_BYTES + ids * ID_BYTES))
