@@ -23,7 +23,7 @@ train: $(STAMP)
 	$(VENV)/bin/embshard-train launcher.nproc=2
 
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q --durations=25 tests
 
 bench: $(STAMP)
 	$(VPY) benchmarks/planner_vs_torchrec.py
