@@ -46,6 +46,10 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
 - fixed costs of a rank's step (`fixed_perf`): per collection's input and output dist, per
   lookup kernel call, and collective_ms per collective step and peer rank (plus
   inter_host_collective_ms per step and peer rank on another host);
+- the in-host reduction of row-wise partial sums (`host_reduce_work_ms`): per byte of a row shard's partial
+  sums, forward and backward apart, and a fixed cost per sub-group all-to-all; fitted on layouts run
+  with and without the reduction, so that where it costs more CPU than its inter-host bytes save, the
+  model says so (and `embshard.planner.api` keeps collectives flat for that plan);
 - per-phase efficiency factors (1 in the datasheet model) scale each phase: the terms above
   come from one kernel or collective at a time, the factors from whole steps on all ranks.
 The bytes these terms price per shard and on average are counted exactly per rank and link
@@ -157,6 +161,18 @@ def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: i
     return fwd, bwd
 
 
+def host_reduce_work_ms(out_bytes: float, members: int, direction: str, topo: Topology) -> float:
+    """Calibrated CPU work of the in-host reduction (runtime/host_reduce.py) for a row shard of out_bytes fp32
+    partial sums among ``members`` row shards of its host (0 in the datasheet model, and for a shard alone on its
+    host): the permutation gathers, the sums and their backward, per byte; and the fixed cost of the sub-group
+    all-to-all among the host's L ranks (host_reduce_call_ms, collective_ms per peer) -- charged per shard, an upper
+    bound where a rank holds several (the runtime issues one per collection and direction)."""
+    if members < 2:
+        return 0.0
+    per_byte = topo.host_reduce_fwd_ns_per_byte if direction == "forward" else topo.host_reduce_bwd_ns_per_byte
+    return _ns(out_bytes, per_byte) + topo.host_reduce_call_ms + topo.collective_ms * (topo.local_world_size - 1)
+
+
 def _route_ms(spec: TableSpec, topo: Topology, num_ids: float, num_bags: float) -> float:
     """Calibrated routing work for ids and bag lengths (input dist), at one end."""
     extra = 0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id)
@@ -191,7 +207,8 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
             # then each sends its 1/k_h of the host's sums to the sample owners (on the wire);
             # on one host (or with reduce_in_host off) every row shard sends its own partial sums (runtime/output_dist.py)
             per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
-            out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo))
+            out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo)
+                          + host_reduce_work_ms(out_bytes, per_host, direction, topo))
         else:
             out_ms.append(spread_comm_ms(sent, topo))
     assemble_ms = _assemble_ms(spec, topo, out_bytes, ids)
