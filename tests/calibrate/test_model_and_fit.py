@@ -159,3 +159,43 @@ def test_unit_topology_isolates_one_term():
     perf = holder_perf(spec, topo, ShardingType.TABLE_WISE, 1000, 16, 1)
     distinct = expected_distinct_rows(CPU.global_batch_size * 4.0, 1000)
     assert perf.lookup_bwd_ms == pytest.approx(distinct * 1e-6) and perf.total_ms == pytest.approx(distinct * 1e-6)
+
+
+HOST_REDUCE_TRUTH = dict(host_reduce_fwd_ns_per_byte=0.9, host_reduce_bwd_ns_per_byte=1.5, host_reduce_call_ms=0.4)
+
+
+def host_reduce_pairs(truth: Topology) -> list[tuple[Sample, Sample]]:
+    """Layouts on 4 local ranks as 2 hosts x 2, 'measured' by the model with and without the in-host reduction:
+    on one host, the other host's ranks are local (inter-host bytes and peers cost what intra-host ones do)."""
+    from embshard.calibrate.calibrate import flat
+    from embshard.calibrate.synthetic import host_reduce_plan
+
+    topo = replace(CPU, world_size=4, local_world_size=2, batch_size_per_rank=256)
+    one_host = replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=256, inter_host_gb_per_s=truth.intra_host_gb_per_s,
+                       inter_host_collective_ms=0.0)
+    pairs = []
+    for seed in range(3):
+        p = host_reduce_plan(bench_tables(6, seed=seed, max_rows=20_000), topo, seed)
+        assert any(t.sharding_type.splits_rows for t in p.tables)
+        measured = [tuple({ph: getattr(x, ph) for ph in PHASES} for x in rank_perfs(p.specs, t, p.tables))
+                    for t in (one_host, replace(one_host, reduce_in_host=False))]
+        pairs.append((Sample(p, measured[0], "host_reduce"), Sample(flat(p), measured[1], "host_reduce")))
+    return pairs
+
+
+def test_fit_recovers_the_in_host_reduction_terms():
+    """The in-host reduction's CPU work (per byte of partial sums each way, per sub-group all-to-all) is fitted on
+    layouts run with and without it, under the output-dist factor the other terms' plans give, the rest unchanged."""
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, output_dist_factor=0.8, **TRUE_TERMS, **HOST_REDUCE_TRUTH)
+    samples, collectives = synthetic_samples(truth)
+    pairs = host_reduce_pairs(truth)
+    got = fit(samples, collectives, host_reduce=pairs).topology(CPU)
+    for term in TERMS:
+        assert getattr(got, term) == pytest.approx(getattr(truth, term), rel=1e-3), term
+    without = fit(samples, collectives).topology(CPU)  # no such layouts measured: the terms stay 0 (the older model)
+    assert (without.host_reduce_fwd_ns_per_byte, without.host_reduce_bwd_ns_per_byte, without.host_reduce_call_ms) == (0, 0, 0)
+    # measurement files carry them as "host_reduce" entries; fit_data refits them from there
+    data = {"device": "cpu", "collectives": collectives,
+            "host_reduce": [{"plan": on.plan.to_dict(), "cpu_ms": list(on.measured), "cpu_ms_flat": list(off.measured)} for on, off in pairs]}
+    refit = fit_data(data).topology(CPU)
+    assert refit.host_reduce_bwd_ns_per_byte > 0 and refit.host_reduce_fwd_ns_per_byte > 0
