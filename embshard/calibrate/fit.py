@@ -200,7 +200,9 @@ def host_reduce_fit(pairs: Sequence[tuple[Sample, Sample]], theta: dict[str, flo
     'other hosts' are local ranks: inter-host bytes and peers cost what intra-host ones do. Non-negative least
     squares of the model's extra output-dist time with the reduction (its terms under output_dist_factor) to the
     measured extra, per rank and direction, each row relative to the rank's measured output dist with the reduction."""
-    local = {**theta, "inter_host_gb_per_s": theta["intra_host_gb_per_s"], "inter_host_collective_ms": 0.0,
+    # the 'other host' is local ranks: their bytes cost what intra-host ones do, factored (the model does not factor
+    # inter-host link time, so its rate carries output_dist_factor here; only output dist is fitted)
+    local = {**theta, "inter_host_gb_per_s": theta["intra_host_gb_per_s"] * factors["output_dist_factor"], "inter_host_collective_ms": 0.0,
              **dict.fromkeys(HOST_REDUCE_TERMS, 0.0)}
     X, y = [], []
     for on, off in pairs:

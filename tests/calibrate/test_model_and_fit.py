@@ -166,13 +166,13 @@ HOST_REDUCE_TRUTH = dict(host_reduce_fwd_ns_per_byte=0.9, host_reduce_bwd_ns_per
 
 def host_reduce_pairs(truth: Topology) -> list[tuple[Sample, Sample]]:
     """Layouts on 4 local ranks as 2 hosts x 2, 'measured' by the model with and without the in-host reduction:
-    on one host, the other host's ranks are local (inter-host bytes and peers cost what intra-host ones do)."""
+    on one host, the other host's ranks are local (their bytes cost what intra-host ones do, under the output-dist
+    factor: the model leaves inter-host link time unfactored; host_reduce_fit fits output dist only)."""
     from embshard.calibrate.calibrate import flat
     from embshard.calibrate.synthetic import host_reduce_plan
 
     topo = replace(CPU, world_size=4, local_world_size=2, batch_size_per_rank=256)
-    one_host = replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=256, inter_host_gb_per_s=truth.intra_host_gb_per_s,
-                       inter_host_collective_ms=0.0)
+    one_host = replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=256, inter_host_gb_per_s=truth.intra_host_gb_per_s / truth.output_dist_factor, inter_host_collective_ms=0.0)
     pairs = []
     for seed in range(3):
         p = host_reduce_plan(bench_tables(6, seed=seed, max_rows=20_000), topo, seed)
@@ -199,3 +199,20 @@ def test_fit_recovers_the_in_host_reduction_terms():
             "host_reduce": [{"plan": on.plan.to_dict(), "cpu_ms": list(on.measured), "cpu_ms_flat": list(off.measured)} for on, off in pairs]}
     refit = fit_data(data).topology(CPU)
     assert refit.host_reduce_bwd_ns_per_byte > 0 and refit.host_reduce_fwd_ns_per_byte > 0
+
+
+def test_phase_factors_leave_inter_host_link_time_unscaled():
+    """The factors scale a rank's work (fitted on one host); the time its bytes spend on inter-host links is wall time
+    between hosts as calibrated (hosts.py), added as is: holder and requester sides alike."""
+    spec = TableSpec("t", 10_000, 64, 4.0)
+    topo = Topology(world_size=4, local_world_size=2, batch_size_per_rank=256, device="cpu", inter_host_gb_per_s=0.3, dist_ns_per_byte=0.5)
+    factored = replace(topo, input_dist_factor=3.0, output_dist_factor=2.0)
+    out_bytes = topo.global_batch_size * 64 * 4
+    link_ms = out_bytes * 2 / 4 / (0.3 * 1e6)  # (W - L) / W of the outputs cross, at the inter-host rate
+    plain, scaled = (holder_perf(spec, t, ShardingType.TABLE_WISE, 10_000, 64, 1) for t in (topo, factored))
+    assert scaled.output_dist_fwd_ms == pytest.approx(2.0 * (plain.output_dist_fwd_ms - link_ms) + link_ms, rel=1e-9)
+    assert scaled.output_dist_fwd_ms < 1.5 * plain.output_dist_fwd_ms  # the link is most of it: not doubled
+    from embshard.planner.cost.perf import requester_perf
+    req, req_scaled = (requester_perf(spec, t, ShardingType.TABLE_WISE, 1) for t in (topo, factored))
+    req_link_ms = 256 * 64 * 4 * 2 / 4 / (0.3 * 1e6)
+    assert req_scaled.output_dist_bwd_ms == pytest.approx(2.0 * (req.output_dist_bwd_ms - req_link_ms) + req_link_ms, rel=1e-9)

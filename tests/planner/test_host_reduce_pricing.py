@@ -31,9 +31,10 @@ def _in_host_over_flat(topo) -> float:
 
 def test_row_wise_heavy_plan_over_two_hosts_is_priced_above_flat_with_the_reduction_s_cpu_work():
     """Measured on 2 emulated hosts (benchmarks/results/multihost.md): 1.58x flat's step with in-host reduction, for
-    1.9x fewer inter-host bytes. Without the reduction's CPU work the model said 0.69x; with it, above flat."""
-    assert _in_host_over_flat(PROFILE_2X2) < 0.75  # the old model: bytes only
-    assert _in_host_over_flat(replace(PROFILE_2X2, **MEASURED)) > 1.0
+    1.9x fewer inter-host bytes. Without the reduction's CPU work the model said 0.69x (0.79x with link time unfactored);
+    with it, 1.30x."""
+    assert _in_host_over_flat(PROFILE_2X2) < 0.85  # the old model: bytes only
+    assert _in_host_over_flat(replace(PROFILE_2X2, **MEASURED)) > 1.2
 
 
 def test_planner_keeps_collectives_flat_where_the_reduction_costs_more():
