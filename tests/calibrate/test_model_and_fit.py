@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -216,3 +217,34 @@ def test_phase_factors_leave_inter_host_link_time_unscaled():
     req, req_scaled = (requester_perf(spec, t, ShardingType.TABLE_WISE, 1) for t in (topo, factored))
     req_link_ms = 256 * 64 * 4 * 2 / 4 / (0.3 * 1e6)
     assert req_scaled.output_dist_bwd_ms == pytest.approx(2.0 * (req.output_dist_bwd_ms - req_link_ms) + req_link_ms, rel=1e-9)
+
+
+def test_calibrate_measures_each_layout_with_and_without_the_reduction_and_fits_them(monkeypatch):
+    """embshard-calibrate's in-host reduction step (ranks mocked by the model, the truth above): every layout on 4 ranks
+    as 2 hosts x 2 runs twice, with the reduction and flat, and the fit recovers the terms from the data file's entries."""
+    from types import SimpleNamespace
+
+    from embshard.calibrate import calibrate
+
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, **TRUE_TERMS, **HOST_REDUCE_TRUTH)
+    ran = []
+
+    def fake(plans, **_):
+        ran.append([p.topology.reduce_in_host for p in plans])
+        one_host = lambda p: replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=p.topology.batch_size_per_rank,  # noqa: E731
+                                     inter_host_gb_per_s=truth.intra_host_gb_per_s, inter_host_collective_ms=0.0,
+                                     reduce_in_host=p.topology.reduce_in_host)
+        return [SimpleNamespace(ranks=[SimpleNamespace(cpu_ms={ph: getattr(x, ph) for ph in PHASES})
+                                       for x in rank_perfs(p.specs, one_host(p), p.tables)]) for p in plans]
+
+    monkeypatch.setattr(calibrate, "measure_plans", fake)
+    pcfg = {"num_tables": 6, "seed": 3, "max_rows": 20_000, "max_pooling": 40.0, "steps": 1, "warmup": 0, "host_reduce_plans": 3}
+    entries = calibrate.measure_host_reduce(pcfg, 256, "cpu", 60, log=lambda _: None)
+    assert ran == [[True] * 3 + [False] * 3] and len(entries) == 3
+    assert calibrate.measure_host_reduce({**pcfg, "host_reduce_plans": 0}, 256, "cpu", 60, log=lambda _: None) == []
+    samples, collectives = synthetic_samples(truth)
+    pairs = calibrate.host_reduce_pairs(json.loads(json.dumps({"host_reduce": entries})))  # as read back from data_out
+    assert [(on.plan.topology.reduce_in_host, off.plan.topology.reduce_in_host) for on, off in pairs] == [(True, False)] * 3
+    got = fit(samples, collectives, host_reduce=pairs).topology(CPU)
+    for term, value in HOST_REDUCE_TRUTH.items():
+        assert getattr(got, term) == pytest.approx(value, rel=1e-3), term
