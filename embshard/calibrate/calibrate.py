@@ -9,7 +9,8 @@ Three sources of measurements, each the time of a rank (CPU time on cpu, synchro
 time on cuda; see embshard.calibrate.device): kernel microbenchmarks
 (embshard.calibrate.kernels), collectives (gloo on cpu, nccl on cuda;
 embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
-ranks (the runtime's own routing and assembly work). embshard.calibrate.fit fits every term
+ranks (the runtime's own routing and assembly work), and random row-wise layouts on 4 ranks as 2 hosts
+x 2, each with and without the in-host reduction (its own CPU work). embshard.calibrate.fit fits every term
 of the planner's cost model on the data it explains. On cuda, world sizes above the number
 of GPUs are skipped (nccl runs one rank per GPU); with no collective measured (one GPU), the
 profile keeps the device's datasheet communication bandwidth and says so.
@@ -266,6 +267,9 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         *([] if data.get("plans") else ["# per-phase factors are 1: no multi-rank plan was measured."]),
         "# Fit (relative error of per-rank step time): "
         + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
+        f"# host_reduce_* (the in-host reduction's CPU work) fitted on {len(data['host_reduce'])} layouts on {HOST_REDUCE_RANKS} local ranks "
+        "as 2 hosts, each run with and without it." if data.get("host_reduce") else
+        "# host_reduce_* are 0: no layout was measured with and without the in-host reduction (plans.host_reduce_plans).",
         f"# inter_host_gb_per_s and inter_host_collective_ms fitted on {crossed_hosts(data)} hosts (wall time of collectives between "
         "them; inter-host latency per peer = collective_ms + inter_host_collective_ms)." if crossed_hosts(data) else
         f"# inter_host_gb_per_s is not measured on one host (the {data.get('device', 'cpu')} default; run under torchrun on "

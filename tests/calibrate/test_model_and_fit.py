@@ -248,3 +248,6 @@ def test_calibrate_measures_each_layout_with_and_without_the_reduction_and_fits_
     got = fit(samples, collectives, host_reduce=pairs).topology(CPU)
     for term, value in HOST_REDUCE_TRUTH.items():
         assert getattr(got, term) == pytest.approx(value, rel=1e-3), term
+    text = profile_yaml(got, {"host_reduce": entries, "machine_start": {}}, fit(samples, collectives, host_reduce=pairs), "test")
+    assert "# host_reduce_* (the in-host reduction's CPU work) fitted on 3 layouts on 4 local ranks as 2 hosts" in text
+    assert yaml.safe_load(text)["host_reduce_bwd_ns_per_byte"] == pytest.approx(1.5, rel=1e-5)
