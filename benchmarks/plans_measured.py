@@ -290,7 +290,7 @@ def main() -> None:
     hosts.add_argument("--ranks-per-host", type=int, default=2)
     hosts.add_argument("--link-gbit", type=float, default=2.0, help="each host link's rate, each way")
     hosts.add_argument("--delay-ms", type=float, default=0.1, help="each host link's delay (needs netem)")
-    hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate)")
+    hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate / ranks per host)")
     hosts.add_argument("--workloads", nargs="*", help="only these workloads (default all three)")
     hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
     hosts.add_argument("--quick", action="store_true", help="tiny tables, 2 steps, 1 round: a check that it runs (seconds)")

@@ -16,8 +16,9 @@ and "sequence_outputs" (sequence tables whose per-id outputs are megabytes per s
 deep ones that must be sharded). For each, embshard's plan, TorchRec's planner's plan (on
 embshard's runtime) and greedy (table_wise on the emptiest rank where the table fits, else
 row_wise over all ranks) are made for the topology H x L (the profile's terms; inter-host
-bandwidth from --inter-host-gb-per-s, default 2 x the link rate: the half-duplex CPU model sums
-a rank's sent and received bytes, which is what embshard-calibrate fits through such a link).
+bandwidth from --inter-host-gb-per-s, default 2 x the link rate / L: the half-duplex CPU model sums
+a rank's sent and received bytes, which is what embshard-calibrate fits through such a link with one
+rank per host, and the model gives each rank a link of its own, where here a host's L ranks share one).
 Also, on big_pooled with its big tables row_wise over all ranks and the small ones data-parallel
 ("allreduce"): the runtime with in-host reduction (and the hierarchical all-reduce) against flat
 collectives (``topology.reduce_in_host: false``); and on sequence_outputs, embshard's placement
@@ -179,7 +180,7 @@ def run_multihost(args) -> dict:
         for key, value in QUICK.items():
             setattr(args, key, value)
     H, L = args.hosts, args.ranks_per_host
-    inter = args.inter_host_gb_per_s or 2 * args.link_gbit / 8
+    inter = args.inter_host_gb_per_s or 2 * args.link_gbit / 8 / L  # a host's L ranks share its one link
     t0, load_start = time.time(), os.getloadavg()
     sections: dict[str, dict] = {"placement": {}, "reduction": {}, "wire": {}}
     torchrec_errors: dict[str, str] = {}

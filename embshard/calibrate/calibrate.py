@@ -9,7 +9,8 @@ Three sources of measurements, each the time of a rank (CPU time on cpu, synchro
 time on cuda; see embshard.calibrate.device): kernel microbenchmarks
 (embshard.calibrate.kernels), collectives (gloo on cpu, nccl on cuda;
 embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
-ranks (the runtime's own routing and assembly work). embshard.calibrate.fit fits every term
+ranks (the runtime's own routing and assembly work), and random row-wise layouts on 4 ranks as 2 hosts
+x 2, each with and without the in-host reduction (its own CPU work). embshard.calibrate.fit fits every term
 of the planner's cost model on the data it explains. On cuda, world sizes above the number
 of GPUs are skipped (nccl runs one rank per GPU); with no collective measured (one GPU), the
 profile keeps the device's datasheet communication bandwidth and says so.
@@ -36,14 +37,16 @@ from embshard.machine import cpu_model
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, Topology
 
+HOST_REDUCE_RANKS = 4  # the in-host reduction's layouts: 2 hosts x 2 ranks
 GROUP_KEYS = {
     "topology": {"world_size": int, "local_world_size": int, "hbm_gib": float, "batch_size_per_rank": int, "reserved_fraction": float},
     "kernels": {"dims": list, "rows": list, "batches": list, "poolings": list, "sequence": bool, "dp_max_rows": int,
                 "max_table_elements": int, "steps": int, "warmup": int},
     "collectives": {"world_sizes": list, "sizes_bytes": list, "reps": int, "warmup": int},
     "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
-              "sequence_fraction": float, "steps": int, "warmup": int},
+              "sequence_fraction": float, "steps": int, "warmup": int, "host_reduce_plans": int},
 }
+NON_NEGATIVE = ("warmup", "seed", "host_reduce_plans")  # integer keys that may be 0
 TOP_KEYS = ("profile", "device", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
 
 
@@ -80,8 +83,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
                 if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v):
                     raise ValueError(f"{where}: must be a non-empty list of positive numbers, got {v!r}")
             elif kind is int:
-                if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in ("warmup", "seed") else 1):
-                    raise ValueError(f"{where}: must be a {'non-negative' if key in ('warmup', 'seed') else 'positive'} integer, got {v!r}")
+                if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in NON_NEGATIVE else 1):
+                    raise ValueError(f"{where}: must be a {'non-negative' if key in NON_NEGATIVE else 'positive'} integer, got {v!r}")
             elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{where}: must be a number >= 0, got {v!r}")
     for group in ("collectives", "plans"):
@@ -160,9 +163,47 @@ def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any
         for p, m in zip(plans, measure_plans(plans, steps=pc["steps"], warmup=pc["warmup"], timeout_s=cfg["timeout_s"], device=device)):
             data["plans"].append({"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m.ranks], "wall_ms": [r.wall_ms for r in m.ranks],
                                   "step_wall_ms": m.step_wall_ms})
+    data["host_reduce"] = measure_host_reduce(pc, cfg["topology"]["batch_size_per_rank"], device, cfg["timeout_s"], log)
     data["machine_end"] = machine(device)
     data["measure_s"] = time.perf_counter() - t0
     return data
+
+
+def host_reduce_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu") -> list[ShardingPlan]:
+    """Random layouts where the in-host reduction has work (synthetic.host_reduce_plan), on 4 ranks as 2 hosts x 2."""
+    from embshard.calibrate.synthetic import bench_tables, host_reduce_plan  # imports torch
+
+    topo = Topology(world_size=HOST_REDUCE_RANKS, local_world_size=HOST_REDUCE_RANKS // 2, hbm_gib=16, batch_size_per_rank=batch_size,
+                    device=device, replicated_dp_lookup=True)
+    seeds = [pcfg["seed"] + 7_000 + i for i in range(pcfg["host_reduce_plans"])]
+    return [host_reduce_plan(bench_tables(pcfg["num_tables"], s, pcfg["max_rows"], pcfg["max_pooling"]), topo, s) for s in seeds]
+
+
+def measure_host_reduce(pcfg: Mapping[str, Any], batch_size: int, device: str, timeout_s: float, log) -> list[dict[str, Any]]:
+    """Each host_reduce_plans layout run on local ranks with the in-host reduction and with reduce_in_host off: what the
+    reduction's own CPU work costs (on one host the 'other host' is local ranks; fit.host_reduce_fit)."""
+    if not pcfg["host_reduce_plans"] or not runnable_world_sizes([HOST_REDUCE_RANKS], device, "in-host reduction", log):
+        return []
+    on = host_reduce_plans(pcfg, batch_size, device)
+    off = [flat(p) for p in on]
+    log(f"in-host reduction: {len(on)} random layouts on {HOST_REDUCE_RANKS} ranks as 2 hosts, with and without it")
+    measured = measure_plans([*on, *off], steps=pcfg["steps"], warmup=pcfg["warmup"], timeout_s=timeout_s, device=device)
+    return [{"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m_on.ranks], "cpu_ms_flat": [r.cpu_ms for r in m_off.ranks]}
+            for p, m_on, m_off in zip(on, measured[:len(on)], measured[len(on):])]
+
+
+def flat(p: ShardingPlan) -> ShardingPlan:
+    """The plan with flat collectives (``topology.reduce_in_host`` off)."""
+    return replace(p, topology=replace(p.topology, reduce_in_host=False))
+
+
+def host_reduce_pairs(data: Mapping[str, Any]) -> list[tuple[Sample, Sample]]:
+    """(with, without the in-host reduction) samples of each measured host_reduce layout."""
+    out = []
+    for entry in data.get("host_reduce", []):
+        p = ShardingPlan.from_dict(entry["plan"])
+        out.append((Sample(p, tuple(entry["cpu_ms"]), "host_reduce"), Sample(flat(p), tuple(entry["cpu_ms_flat"]), "host_reduce")))
+    return out
 
 
 def samples_of(data: Mapping[str, Any]) -> list[Sample]:
@@ -185,11 +226,11 @@ def fit_data(data: Mapping[str, Any]) -> Fit:
     fixed = {} if collectives else {
         "intra_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["intra_host_gb_per_s"] * 1e6), "collective_ms": 0.0}
     one_host = {"inter_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), "inter_host_collective_ms": 0.0}
-    samples = samples_of(data)
+    samples, pairs = samples_of(data), host_reduce_pairs(data)
     if not crossed_hosts(data):
-        return fit(samples, collectives, {**fixed, **one_host})
+        return fit(samples, collectives, {**fixed, **one_host}, pairs)
     in_host = [r for r in collectives if r.get("local_world_size", r["world_size"]) >= r["world_size"]]
-    host = fit(samples, in_host, {**fixed, **one_host}).theta
+    host = fit(samples, in_host, {**fixed, **one_host}, pairs).theta
     return fit(samples, collectives, {t: v for t, v in host.items() if t not in one_host})
 
 
@@ -226,6 +267,9 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         *([] if data.get("plans") else ["# per-phase factors are 1: no multi-rank plan was measured."]),
         "# Fit (relative error of per-rank step time): "
         + "; ".join(f"{src} median {e['median']:.1%}, p90 {e['p90']:.1%} (n={e['n']})" for src, e in sorted(result.errors.items())) + ".",
+        f"# host_reduce_* (the in-host reduction's CPU work) fitted on {len(data['host_reduce'])} layouts on {HOST_REDUCE_RANKS} local ranks "
+        "as 2 hosts, each run with and without it." if data.get("host_reduce") else
+        "# host_reduce_* are 0: no layout was measured with and without the in-host reduction (plans.host_reduce_plans).",
         f"# inter_host_gb_per_s and inter_host_collective_ms fitted on {crossed_hosts(data)} hosts (wall time of collectives between "
         "them; inter-host latency per peer = collective_ms + inter_host_collective_ms)." if crossed_hosts(data) else
         f"# inter_host_gb_per_s is not measured on one host (the {data.get('device', 'cpu')} default; run under torchrun on "

@@ -12,6 +12,9 @@ microbenchmarks, collective microbenchmarks, plans run on ranks) weighted equall
 Sequence-only terms are fitted afterwards on the sequence samples, the shared terms fixed,
 so the slower sequence paths cannot pull the pooled terms.
 
+The in-host reduction's terms (HOST_REDUCE_TERMS) are fitted last (`host_reduce_fit`), on layouts run on
+one host's ranks as 2+ hosts with and without the reduction: to what it adds to output dist.
+
 Then the per-phase factors (Topology.PHASE_FACTORS) scale the microbenchmark terms to what
 the phases cost in whole steps on all ranks (measured plans): ranks running together share
 caches, memory bandwidth and cores.
@@ -35,7 +38,7 @@ from embshard.calibrate.measure import PHASES
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
 from embshard.planner.plan import ShardingPlan
-from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, Topology
+from embshard.topology import CALIBRATED_TERMS, HOST_REDUCE_TERMS, PHASE_FACTORS, Topology
 
 BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s")
 LINKS = ("intra_host_gb_per_s", "inter_host_gb_per_s")
@@ -156,7 +159,8 @@ def _nnls(samples: Sequence[Sample], phases: Sequence[str], collectives: Sequenc
     return {**{t: fixed.get(t, 0.0) for t in TERMS}, **{t: float(c) for t, c in zip(free, coef)}}
 
 
-def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed: dict[str, float] | None = None) -> Fit:
+def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed: dict[str, float] | None = None,
+        host_reduce: Sequence[tuple[Sample, Sample]] = ()) -> Fit:
     """Fit the terms on the microbenchmarks, then the per-phase factors on the plans.
 
     Terms (TERMS, except those in ``fixed``), on the kernel samples and the collectives, in
@@ -180,7 +184,41 @@ def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed:
             if (data or colls) and free:
                 theta = _nnls(data, phases, colls, free, theta, cache)
     factors = phase_factors([s for s in samples if s.source == "plans"], theta)
+    free = [t for t in HOST_REDUCE_TERMS if t not in fixed]
+    if host_reduce and free:
+        theta = host_reduce_fit(host_reduce, theta, factors, free)
     return Fit(theta, factors, fit_errors(samples, collectives, theta, factors))
+
+
+HOST_REDUCE_PHASES = ("output_dist_fwd_ms", "output_dist_bwd_ms")
+
+
+def host_reduce_fit(pairs: Sequence[tuple[Sample, Sample]], theta: dict[str, float], factors: dict[str, float],
+                    free: Sequence[str] = HOST_REDUCE_TERMS) -> dict[str, float]:
+    """``theta`` with the in-host reduction's terms fitted on (with, without) pairs: one layout, its topology on 2+
+    hosts, measured with the reduction and with ``reduce_in_host`` off. Measured on one host's ranks, where the
+    'other hosts' are local ranks: inter-host bytes and peers cost what intra-host ones do. Non-negative least
+    squares of the model's extra output-dist time with the reduction (its terms under output_dist_factor) to the
+    measured extra, per rank and direction, each row relative to the rank's measured output dist with the reduction."""
+    # the 'other host' is local ranks: their bytes cost what intra-host ones do, factored (the model does not factor
+    # inter-host link time, so its rate carries output_dist_factor here; only output dist is fitted)
+    local = {**theta, "inter_host_gb_per_s": theta["intra_host_gb_per_s"] * factors["output_dist_factor"], "inter_host_collective_ms": 0.0,
+             **dict.fromkeys(HOST_REDUCE_TERMS, 0.0)}
+    X, y = [], []
+    for on, off in pairs:
+        p = on.plan
+        assert p.topology.reduces_in_host and not off.plan.topology.reduce_in_host, "pairs are (with, without) the reduction"
+        t_on = to_topology(p.topology, local, factors)
+        pred_on = rank_perfs(p.specs, t_on, p.tables)
+        pred_off = rank_perfs(p.specs, replace(t_on, reduce_in_host=False), p.tables)
+        units = [rank_perfs(p.specs, unit_topology(p.topology, t), p.tables) for t in free]
+        for r, (m_on, m_off) in enumerate(zip(on.measured, off.measured)):
+            w = 1.0 / (sum(m_on[ph] for ph in HOST_REDUCE_PHASES) + FLOOR_MS)
+            for ph in HOST_REDUCE_PHASES:
+                X.append([getattr(u[r], ph) * factors["output_dist_factor"] * w for u in units])
+                y.append(((m_on[ph] - m_off[ph]) - (getattr(pred_on[r], ph) - getattr(pred_off[r], ph))) * w)
+    coef, _ = nnls(np.array(X), np.array(y))
+    return {**theta, **{t: float(c) for t, c in zip(free, coef)}}
 
 
 FACTOR_PHASES = {"input_dist_factor": ("input_dist_ms",), "lookup_fwd_factor": ("lookup_fwd_ms",),

@@ -85,3 +85,21 @@ def bench_tables(num_tables: int, seed: int, max_rows: int = 200_000, max_poolin
 
     return tuple(dataclasses.replace(s, num_embeddings=min(s.num_embeddings, max_rows), pooling_factor=min(s.pooling_factor, max_pooling))
                  for s in generate_tables(num_tables, seed=seed, sequence_fraction=sequence_fraction))
+
+
+def host_reduce_plan(specs: Sequence[TableSpec], topology: Topology, seed: int) -> ShardingPlan:
+    """A random layout of pooled tables where the in-host reduction has work: each table row_wise over all
+    ranks or table_row_wise over one host's ranks (where its rows allow), else table_wise on a random rank.
+    ``topology`` has two or more hosts (run on local ranks for the CPU work, embshard.calibrate.calibrate)."""
+    rng = random.Random(seed)
+    W, L = topology.world_size, topology.local_world_size
+    layout = {}
+    for spec in specs:
+        if spec.num_embeddings < 4 * W or row_splits(spec.num_embeddings, W) is None:
+            layout[spec.name] = (ShardingType.TABLE_WISE, [rng.randrange(W)])
+        elif rng.random() < 0.5:
+            layout[spec.name] = (ShardingType.ROW_WISE, list(range(W)))
+        else:
+            host = rng.randrange(W // L)
+            layout[spec.name] = (ShardingType.TABLE_ROW_WISE, list(range(host * L, (host + 1) * L)))
+    return manual_plan(specs, topology, layout)

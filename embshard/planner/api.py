@@ -133,6 +133,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
+    if topology.reduces_in_host:  # across hosts: flat collectives where the in-host reduction costs more than it saves
+        flat = evaluate(specs, replace(topology, reduce_in_host=False), placements, constraints, lower_bound=bound,
+                        search={**search, "reduce_in_host": False}, inference=inference, hot_ids_file=hot_ids_file)
+        if flat.max_rank_ms < result.max_rank_ms:
+            result, search = flat, flat.search
     clock.lap("report")
     return replace(result, search={**search, **clock.block()})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -159,3 +160,94 @@ def test_unit_topology_isolates_one_term():
     perf = holder_perf(spec, topo, ShardingType.TABLE_WISE, 1000, 16, 1)
     distinct = expected_distinct_rows(CPU.global_batch_size * 4.0, 1000)
     assert perf.lookup_bwd_ms == pytest.approx(distinct * 1e-6) and perf.total_ms == pytest.approx(distinct * 1e-6)
+
+
+HOST_REDUCE_TRUTH = dict(host_reduce_fwd_ns_per_byte=0.9, host_reduce_bwd_ns_per_byte=1.5, host_reduce_call_ms=0.4)
+
+
+def host_reduce_pairs(truth: Topology) -> list[tuple[Sample, Sample]]:
+    """Layouts on 4 local ranks as 2 hosts x 2, 'measured' by the model with and without the in-host reduction:
+    on one host, the other host's ranks are local (their bytes cost what intra-host ones do, under the output-dist
+    factor: the model leaves inter-host link time unfactored; host_reduce_fit fits output dist only)."""
+    from embshard.calibrate.calibrate import flat
+    from embshard.calibrate.synthetic import host_reduce_plan
+
+    topo = replace(CPU, world_size=4, local_world_size=2, batch_size_per_rank=256)
+    one_host = replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=256, inter_host_gb_per_s=truth.intra_host_gb_per_s / truth.output_dist_factor, inter_host_collective_ms=0.0)
+    pairs = []
+    for seed in range(3):
+        p = host_reduce_plan(bench_tables(6, seed=seed, max_rows=20_000), topo, seed)
+        assert any(t.sharding_type.splits_rows for t in p.tables)
+        measured = [tuple({ph: getattr(x, ph) for ph in PHASES} for x in rank_perfs(p.specs, t, p.tables))
+                    for t in (one_host, replace(one_host, reduce_in_host=False))]
+        pairs.append((Sample(p, measured[0], "host_reduce"), Sample(flat(p), measured[1], "host_reduce")))
+    return pairs
+
+
+def test_fit_recovers_the_in_host_reduction_terms():
+    """The in-host reduction's CPU work (per byte of partial sums each way, per sub-group all-to-all) is fitted on
+    layouts run with and without it, under the output-dist factor the other terms' plans give, the rest unchanged."""
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, output_dist_factor=0.8, **TRUE_TERMS, **HOST_REDUCE_TRUTH)
+    samples, collectives = synthetic_samples(truth)
+    pairs = host_reduce_pairs(truth)
+    got = fit(samples, collectives, host_reduce=pairs).topology(CPU)
+    for term in TERMS:
+        assert getattr(got, term) == pytest.approx(getattr(truth, term), rel=1e-3), term
+    without = fit(samples, collectives).topology(CPU)  # no such layouts measured: the terms stay 0 (the older model)
+    assert (without.host_reduce_fwd_ns_per_byte, without.host_reduce_bwd_ns_per_byte, without.host_reduce_call_ms) == (0, 0, 0)
+    # measurement files carry them as "host_reduce" entries; fit_data refits them from there
+    data = {"device": "cpu", "collectives": collectives,
+            "host_reduce": [{"plan": on.plan.to_dict(), "cpu_ms": list(on.measured), "cpu_ms_flat": list(off.measured)} for on, off in pairs]}
+    refit = fit_data(data).topology(CPU)
+    assert refit.host_reduce_bwd_ns_per_byte > 0 and refit.host_reduce_fwd_ns_per_byte > 0
+
+
+def test_phase_factors_leave_inter_host_link_time_unscaled():
+    """The factors scale a rank's work (fitted on one host); the time its bytes spend on inter-host links is wall time
+    between hosts as calibrated (hosts.py), added as is: holder and requester sides alike."""
+    spec = TableSpec("t", 10_000, 64, 4.0)
+    topo = Topology(world_size=4, local_world_size=2, batch_size_per_rank=256, device="cpu", inter_host_gb_per_s=0.3, dist_ns_per_byte=0.5)
+    factored = replace(topo, input_dist_factor=3.0, output_dist_factor=2.0)
+    out_bytes = topo.global_batch_size * 64 * 4
+    link_ms = out_bytes * 2 / 4 / (0.3 * 1e6)  # (W - L) / W of the outputs cross, at the inter-host rate
+    plain, scaled = (holder_perf(spec, t, ShardingType.TABLE_WISE, 10_000, 64, 1) for t in (topo, factored))
+    assert scaled.output_dist_fwd_ms == pytest.approx(2.0 * (plain.output_dist_fwd_ms - link_ms) + link_ms, rel=1e-9)
+    assert scaled.output_dist_fwd_ms < 1.5 * plain.output_dist_fwd_ms  # the link is most of it: not doubled
+    from embshard.planner.cost.perf import requester_perf
+    req, req_scaled = (requester_perf(spec, t, ShardingType.TABLE_WISE, 1) for t in (topo, factored))
+    req_link_ms = 256 * 64 * 4 * 2 / 4 / (0.3 * 1e6)
+    assert req_scaled.output_dist_bwd_ms == pytest.approx(2.0 * (req.output_dist_bwd_ms - req_link_ms) + req_link_ms, rel=1e-9)
+
+
+def test_calibrate_measures_each_layout_with_and_without_the_reduction_and_fits_them(monkeypatch):
+    """embshard-calibrate's in-host reduction step (ranks mocked by the model, the truth above): every layout on 4 ranks
+    as 2 hosts x 2 runs twice, with the reduction and flat, and the fit recovers the terms from the data file's entries."""
+    from types import SimpleNamespace
+
+    from embshard.calibrate import calibrate
+
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, **TRUE_TERMS, **HOST_REDUCE_TRUTH)
+    ran = []
+
+    def fake(plans, **_):
+        ran.append([p.topology.reduce_in_host for p in plans])
+        one_host = lambda p: replace(truth, world_size=4, local_world_size=2, batch_size_per_rank=p.topology.batch_size_per_rank,  # noqa: E731
+                                     inter_host_gb_per_s=truth.intra_host_gb_per_s, inter_host_collective_ms=0.0,
+                                     reduce_in_host=p.topology.reduce_in_host)
+        return [SimpleNamespace(ranks=[SimpleNamespace(cpu_ms={ph: getattr(x, ph) for ph in PHASES})
+                                       for x in rank_perfs(p.specs, one_host(p), p.tables)]) for p in plans]
+
+    monkeypatch.setattr(calibrate, "measure_plans", fake)
+    pcfg = {"num_tables": 6, "seed": 3, "max_rows": 20_000, "max_pooling": 40.0, "steps": 1, "warmup": 0, "host_reduce_plans": 3}
+    entries = calibrate.measure_host_reduce(pcfg, 256, "cpu", 60, log=lambda _: None)
+    assert ran == [[True] * 3 + [False] * 3] and len(entries) == 3
+    assert calibrate.measure_host_reduce({**pcfg, "host_reduce_plans": 0}, 256, "cpu", 60, log=lambda _: None) == []
+    samples, collectives = synthetic_samples(truth)
+    pairs = calibrate.host_reduce_pairs(json.loads(json.dumps({"host_reduce": entries})))  # as read back from data_out
+    assert [(on.plan.topology.reduce_in_host, off.plan.topology.reduce_in_host) for on, off in pairs] == [(True, False)] * 3
+    got = fit(samples, collectives, host_reduce=pairs).topology(CPU)
+    for term, value in HOST_REDUCE_TRUTH.items():
+        assert getattr(got, term) == pytest.approx(value, rel=1e-3), term
+    text = profile_yaml(got, {"host_reduce": entries, "machine_start": {}}, fit(samples, collectives, host_reduce=pairs), "test")
+    assert "# host_reduce_* (the in-host reduction's CPU work) fitted on 3 layouts on 4 local ranks as 2 hosts" in text
+    assert yaml.safe_load(text)["host_reduce_bwd_ns_per_byte"] == pytest.approx(1.5, rel=1e-5)

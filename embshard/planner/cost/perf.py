@@ -46,8 +46,14 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
 - fixed costs of a rank's step (`fixed_perf`): per collection's input and output dist, per
   lookup kernel call, and collective_ms per collective step and peer rank (plus
   inter_host_collective_ms per step and peer rank on another host);
+- the in-host reduction of row-wise partial sums (`host_reduce_work_ms`): per byte of a row shard's partial
+  sums, forward and backward apart, and a fixed cost per sub-group all-to-all; fitted on layouts run
+  with and without the reduction, so that where it costs more CPU than its inter-host bytes save, the
+  model says so (and `embshard.planner.api` keeps collectives flat for that plan);
 - per-phase efficiency factors (1 in the datasheet model) scale each phase: the terms above
-  come from one kernel or collective at a time, the factors from whole steps on all ranks.
+  come from one kernel or collective at a time, the factors from whole steps on all ranks of one
+  host. They leave the time on inter-host links unscaled (`_factored`): inter_host_gb_per_s is the
+  wall time of collectives between hosts as measured, not a rank's work.
 The bytes these terms price per shard and on average are counted exactly per rank and link
 class for a placement in `embshard.planner.cost.traffic` (what the runtime counts; plan.json's
 ``ranks[i].traffic_bytes``). `rank_perf` combines a rank's holder, requester, every-rank and fixed costs; with
@@ -89,11 +95,13 @@ def expected_distinct_rows(num_ids: float, num_rows: int) -> float:
     return num_rows * -math.expm1(-num_ids / num_rows) if num_rows > 0 else 0.0
 
 
-def _factored(p: Perf, topo: Topology) -> Perf:
-    """Per-phase efficiency factors of a calibrated profile (all 1 in the datasheet model)."""
+def _factored(p: Perf, topo: Topology, link: Perf = Perf()) -> Perf:
+    """Per-phase efficiency factors of a calibrated profile (all 1 in the datasheet model) on ``p``, plus ``link``:
+    time on inter-host links, which the factors (a rank's work in whole steps on one host) do not scale --
+    inter_host_gb_per_s is fitted as the wall time of collectives between hosts (embshard.calibrate.hosts)."""
     return Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
                 p.output_dist_fwd_ms * topo.output_dist_factor, p.output_dist_bwd_ms * topo.output_dist_factor,
-                p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor)
+                p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor) + link
 
 
 def row_bytes(spec: TableSpec, num_cols: int) -> int:
@@ -103,8 +111,13 @@ def row_bytes(spec: TableSpec, num_cols: int) -> int:
 
 def spread_comm_ms(num_bytes: float, topo: Topology) -> float:
     """Time to move bytes to/from all ranks uniformly (the 1/W to itself is free)."""
+    return sum(_spread_ms(num_bytes, topo))
+
+
+def _spread_ms(num_bytes: float, topo: Topology) -> tuple[float, float]:
+    """spread_comm_ms's (intra-host, inter-host) parts."""
     W, L = topo.world_size, topo.local_world_size
-    return _ms(num_bytes * (L - 1) / W, topo.intra_host_gb_per_s) + _ms(num_bytes * (W - L) / W, topo.inter_host_gb_per_s)
+    return _ms(num_bytes * (L - 1) / W, topo.intra_host_gb_per_s), _ms(num_bytes * (W - L) / W, topo.inter_host_gb_per_s)
 
 
 def host_comm_ms(num_bytes: float, num_peers: int, topo: Topology) -> float:
@@ -157,6 +170,18 @@ def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: i
     return fwd, bwd
 
 
+def host_reduce_work_ms(out_bytes: float, members: int, direction: str, topo: Topology) -> float:
+    """Calibrated CPU work of the in-host reduction (runtime/host_reduce.py) for a row shard of out_bytes fp32
+    partial sums among ``members`` row shards of its host (0 in the datasheet model, and for a shard alone on its
+    host): the permutation gathers, the sums and their backward, per byte; and the fixed cost of the sub-group
+    all-to-all among the host's L ranks (host_reduce_call_ms, collective_ms per peer) -- charged per shard, an upper
+    bound where a rank holds several (the runtime issues one per collection and direction)."""
+    if members < 2:
+        return 0.0
+    per_byte = topo.host_reduce_fwd_ns_per_byte if direction == "forward" else topo.host_reduce_bwd_ns_per_byte
+    return _ns(out_bytes, per_byte) + topo.host_reduce_call_ms + topo.collective_ms * (topo.local_world_size - 1)
+
+
 def _route_ms(spec: TableSpec, topo: Topology, num_ids: float, num_bags: float) -> float:
     """Calibrated routing work for ids and bag lengths (input dist), at one end."""
     extra = 0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id)
@@ -183,7 +208,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
-    out_ms = []
+    out_ms, out_link_ms = [], []
     for direction in ("forward", "backward"):
         sent = out_rows * num_cols * wire_bytes(topo, direction)
         if stype.splits_rows and spec.pooled and topo.reduces_in_host:
@@ -191,17 +216,21 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
             # then each sends its 1/k_h of the host's sums to the sample owners (on the wire);
             # on one host (or with reduce_in_host off) every row shard sends its own partial sums (runtime/output_dist.py)
             per_host = num_shards if stype is ShardingType.TABLE_ROW_WISE else max(1, num_shards // topo.num_hosts)
-            out_ms.append(host_comm_ms(out_bytes, per_host, topo) + spread_comm_ms(sent / per_host, topo))
+            intra, inter = _spread_ms(sent / per_host, topo)
+            out_ms.append(host_comm_ms(out_bytes, per_host, topo) + intra + host_reduce_work_ms(out_bytes, per_host, direction, topo))
         else:
-            out_ms.append(spread_comm_ms(sent, topo))
+            intra, inter = _spread_ms(sent, topo)
+            out_ms.append(intra)
+        out_link_ms.append(inter)
     assemble_ms = _assemble_ms(spec, topo, out_bytes, ids)
+    in_intra, in_inter = _spread_ms(in_bytes, topo)
     return _factored(Perf(
-        input_dist_ms=spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, ids, G * F),
+        input_dist_ms=in_intra + _route_ms(spec, topo, ids, G * F),
         lookup_fwd_ms=fwd,
         output_dist_fwd_ms=out_ms[0] + assemble_ms,
         output_dist_bwd_ms=out_ms[1] + assemble_ms,
         lookup_bwd_ms=bwd,
-    ), topo)
+    ), topo, Perf(input_dist_ms=in_inter, output_dist_fwd_ms=out_link_ms[0], output_dist_bwd_ms=out_link_ms[1]))
 
 
 def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Perf:
@@ -223,9 +252,12 @@ def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_sha
             out_copies = min(num_shards, topo.num_hosts) if stype is ShardingType.ROW_WISE else 1
     out_elements = out_copies * (B * F if spec.pooled else ids) * D
     assemble_ms = _assemble_ms(spec, topo, out_elements * OUTPUT_BYTES, ids)
-    fwd_ms, bwd_ms = (spread_comm_ms(out_elements * wire_bytes(topo, d), topo) + assemble_ms for d in ("forward", "backward"))
-    input_ms = spread_comm_ms(in_bytes, topo) + _route_ms(spec, topo, copies * ids, length_copies * B * F)
-    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=fwd_ms, output_dist_bwd_ms=bwd_ms), topo)
+    (fwd_intra, fwd_inter), (bwd_intra, bwd_inter), (in_intra, in_inter) = (
+        _spread_ms(out_elements * wire_bytes(topo, "forward"), topo), _spread_ms(out_elements * wire_bytes(topo, "backward"), topo),
+        _spread_ms(in_bytes, topo))
+    input_ms = in_intra + _route_ms(spec, topo, copies * ids, length_copies * B * F)
+    return _factored(Perf(input_dist_ms=input_ms, output_dist_fwd_ms=fwd_intra + assemble_ms, output_dist_bwd_ms=bwd_intra + assemble_ms),
+                     topo, Perf(input_dist_ms=in_inter, output_dist_fwd_ms=fwd_inter, output_dist_bwd_ms=bwd_inter))
 
 
 def data_parallel_perf(spec: TableSpec, topo: Topology, inference: bool = False, mode: str | None = None) -> Perf:
@@ -305,8 +337,9 @@ def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
     held = holder_perf(spec, topo, ShardingType.TABLE_WISE, spec.num_embeddings, D, 1)  # factors applied
     ids = B * spec.pooling_factor * F
     own_out = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
-    send = spread_comm_ms(W * (ids * ID_BYTES + B * F * LENGTH_BYTES), topo) + _route_ms(spec, topo, W * ids, W * B * F)
-    extra = _factored(Perf(input_dist_ms=send, output_dist_fwd_ms=_assemble_ms(spec, topo, own_out, ids)), topo)
+    send_intra, send_inter = _spread_ms(W * (ids * ID_BYTES + B * F * LENGTH_BYTES), topo)
+    extra = _factored(Perf(input_dist_ms=send_intra + _route_ms(spec, topo, W * ids, W * B * F),
+                           output_dist_fwd_ms=_assemble_ms(spec, topo, own_out, ids)), topo, Perf(input_dist_ms=send_inter))
     return Perf(input_dist_ms=held.input_dist_ms + extra.input_dist_ms, lookup_fwd_ms=held.lookup_fwd_ms,
                 output_dist_fwd_ms=extra.output_dist_fwd_ms, output_dist_bwd_ms=held.output_dist_bwd_ms,
                 lookup_bwd_ms=held.lookup_bwd_ms)
