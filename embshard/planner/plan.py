@@ -5,7 +5,9 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 9 (written) adds ``topology.sharded_dp_update`` (sharded weight updates of
+Schema versions: 10 (written) adds ``topology.dp_dense_gb_per_s`` (the rate of the all-reduce mode's
+dense full-table work, as a calibrated profile measured it; absent: the device default; older files
+priced that work at ``hbm_gb_per_s``); 9 adds ``topology.sharded_dp_update`` (sharded weight updates of
 data-parallel tables, their optimizer state counted / W; absent when false); 8 adds
 ``topology.reduce_in_host`` (false: flat collectives across hosts, no in-host reduction; absent
 when true, as older files ran); 7 adds hot-row replication: a table's ``hot_rows`` (its hottest
@@ -41,8 +43,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, Shardi
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 9
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+SCHEMA_VERSION = 10
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
 @dataclass(frozen=True)
