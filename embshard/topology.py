@@ -61,8 +61,10 @@ PHASE_FACTORS = ("input_dist_factor", "lookup_fwd_factor", "output_dist_factor",
 # Defaults by device. Effective numbers, not datasheet peaks: a row gather reaches well
 # under peak HBM bandwidth, and all-to-all reaches well under NVLink/IB line rate.
 DEVICE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cuda": {"hbm_gb_per_s": 1500.0, "intra_host_gb_per_s": 150.0, "inter_host_gb_per_s": 25.0, "ddr_gb_per_s": 25.0},
-    "cpu": {"hbm_gb_per_s": 10.0, "intra_host_gb_per_s": 2.0, "inter_host_gb_per_s": 1.0, "ddr_gb_per_s": 10.0},
+    "cuda": {"hbm_gb_per_s": 1500.0, "intra_host_gb_per_s": 150.0, "inter_host_gb_per_s": 25.0, "ddr_gb_per_s": 25.0,
+             "dp_dense_gb_per_s": 1500.0},
+    "cpu": {"hbm_gb_per_s": 10.0, "intra_host_gb_per_s": 2.0, "inter_host_gb_per_s": 1.0, "ddr_gb_per_s": 10.0,
+            "dp_dense_gb_per_s": 3.0},
 }
 
 
@@ -80,6 +82,11 @@ class Topology:
     optimizer state and activations; embedding shards may use the rest.
     batch_size_per_rank: training samples per rank per step.
     Bandwidths left at 0 take the device's defaults (see DEVICE_DEFAULTS).
+    dp_dense_gb_per_s: the rate of the dense full-table work of data-parallel tables trained by all-reduce
+    (zero and scatter-add the whole gradient, copy it into the all-reduce's buffer, update every row and its
+    state; `embshard.planner.cost.perf.allreduce_perf`): streaming torch ops over the whole table, which on
+    a CPU run far below a lookup kernel's rate (hbm_gb_per_s); fitted by embshard-calibrate on allreduce-mode
+    replica kernels; plan schema 11, absent at the device default.
     full_duplex: a rank's all-to-all sends and receives at once (max of the two; GPUs over
     NVLink/IB); False: one after the other (their sum; gloo on CPU, where one core copies
     both ways). replicated_dp_lookup: data-parallel tables are looked up for the global batch
@@ -115,6 +122,7 @@ class Topology:
     inter_host_gb_per_s: float = 0.0
     ddr_gib: float = 0.0
     ddr_gb_per_s: float = 0.0
+    dp_dense_gb_per_s: float = 0.0
     full_duplex: bool = True
     replicated_dp_lookup: bool = False
     sharded_dp_update: bool = False
@@ -152,7 +160,7 @@ class Topology:
         if not isinstance(self.comms, CommsPrecision):  # a mapping, as to_dict() writes it
             object.__setattr__(self, "comms", CommsPrecision.from_dict(self.comms, "topology.comms"))
         for key in ("hbm_gib", "reserved_fraction", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s",
-                    "ddr_gib", "ddr_gb_per_s", *CALIBRATED_TERMS, *PHASE_FACTORS):
+                    "ddr_gib", "ddr_gb_per_s", "dp_dense_gb_per_s", *CALIBRATED_TERMS, *PHASE_FACTORS):
             object.__setattr__(self, key, float(getattr(self, key)))
         for key, value in DEVICE_DEFAULTS.get(self.device, {}).items():
             if getattr(self, key) == 0.0:
@@ -203,12 +211,14 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, but those added since plan schema 2 only where they are in use (``comms`` not all fp32,
-        host memory for tables, an inter-host latency, the in-host reduction's terms, flat collectives), so topologies without them hash and serialise as before."""
+        host memory for tables, an inter-host latency, the in-host reduction's terms, flat collectives, a dense data-parallel rate other than the device default), so topologies without them hash and serialise as before."""
         out = asdict(self)
         if self.comms == CommsPrecision():
             del out["comms"]
         if self.ddr_gib == 0.0:
             del out["ddr_gib"], out["ddr_gb_per_s"]  # no host tier: its bandwidth (a device default) is unused
+        if self.dp_dense_gb_per_s == DEVICE_DEFAULTS.get(self.device, {}).get("dp_dense_gb_per_s"):
+            del out["dp_dense_gb_per_s"]
         for key in ("inter_host_collective_ms", *HOST_REDUCE_TERMS):
             if out[key] == 0.0:
                 del out[key]
@@ -234,7 +244,8 @@ class Topology:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                     raise ValueError(f"{where}.{key}: must be a positive integer, got {v!r}")
-        for key in ("hbm_gib", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "ddr_gib", "ddr_gb_per_s"):
+        for key in ("hbm_gib", "hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "ddr_gib", "ddr_gb_per_s",
+                    "dp_dense_gb_per_s"):
             if key in raw:
                 v = raw[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (key == "hbm_gib" and v == 0):

@@ -104,7 +104,7 @@ def calibration_plans(pcfg: Mapping[str, Any], world_size: int, batch_size: int,
     """Random runnable layouts of generated workloads (seeds from pcfg['seed'])."""
     from embshard.calibrate.synthetic import bench_tables, random_plan  # imports torch
 
-    # replicated look-ups: the data-parallel mode the fit models (its profiles say replicated_dp_lookup)
+    # data-parallel tables in the cheaper mode per table; replicated look-ups where a placement records none
     topo = Topology(world_size=world_size, local_world_size=world_size, hbm_gib=16, batch_size_per_rank=batch_size,
                     device=device, replicated_dp_lookup=True)
     out = []
@@ -218,7 +218,8 @@ def samples_of(data: Mapping[str, Any]) -> list[Sample]:
 
 def fit_data(data: Mapping[str, Any]) -> Fit:
     """Fit every term; without measured collectives, communication keeps the device's datasheet
-    bandwidth and no per-collective latency (comm_note). Where collectives crossed hosts, the host's
+    bandwidth and no per-collective latency (comm_note); without allreduce-mode kernel points (data
+    measured by an older embshard-calibrate), dp_dense_gb_per_s keeps the device's default. Where collectives crossed hosts, the host's
     terms are fitted first without them (as a one-host calibration would), then held while the
     inter-host bandwidth and latency are fitted on the rows between hosts: the two apart."""
     device = data.get("device", "cpu")
@@ -226,6 +227,8 @@ def fit_data(data: Mapping[str, Any]) -> Fit:
     fixed = {} if collectives else {
         "intra_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["intra_host_gb_per_s"] * 1e6), "collective_ms": 0.0}
     one_host = {"inter_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), "inter_host_collective_ms": 0.0}
+    if not any(r["kind"] == "allreduce" for r in data.get("kernels", [])):  # measured before the allreduce points
+        fixed["dp_dense_gb_per_s"] = 1.0 / (DEVICE_DEFAULTS[device]["dp_dense_gb_per_s"] * 1e6)
     samples, pairs = samples_of(data), host_reduce_pairs(data)
     if not crossed_hosts(data):
         return fit(samples, collectives, {**fixed, **one_host}, pairs)

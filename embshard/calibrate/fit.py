@@ -1,7 +1,7 @@
 """Fit the cost model's calibrated terms to measurements.
 
 The planner's predicted time of a rank's phase is linear in the terms it is fitted for:
-1 / bandwidth for hbm_gb_per_s, intra_host_gb_per_s and inter_host_gb_per_s, and every term of
+1 / bandwidth for hbm_gb_per_s, intra_host_gb_per_s, inter_host_gb_per_s and dp_dense_gb_per_s, and every term of
 Topology.CALIBRATED_TERMS (ns per unit of work, ms per call). So the design matrix is
 built by the cost model itself: column k of a measured (plan, rank, phase) is what
 `embshard.planner.cost.perf.rank_perfs` (the model `evaluate` reports and the search
@@ -20,8 +20,10 @@ the phases cost in whole steps on all ranks (measured plans): ranks running toge
 caches, memory bandwidth and cores.
 
 All topologies here are half duplex (full_duplex false): measurements are CPU time of
-each rank, which pays for sending and receiving alike; and data-parallel tables are
-replicated look-ups (replicated_dp_lookup), as embshard's runtime runs them.
+each rank, which pays for sending and receiving alike. Data-parallel tables train in the mode
+each placement records (the kernel microbenchmarks measure both: "dp" replicated look-ups,
+"allreduce" local look-ups with the dense full-table update, which dp_dense_gb_per_s prices);
+placements without one are replicated look-ups (replicated_dp_lookup).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
 from embshard.planner.plan import ShardingPlan
 from embshard.topology import CALIBRATED_TERMS, HOST_REDUCE_TERMS, PHASE_FACTORS, Topology
 
-BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s")
+BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "dp_dense_gb_per_s")
 LINKS = ("intra_host_gb_per_s", "inter_host_gb_per_s")
 TERMS = (*BANDWIDTHS, *CALIBRATED_TERMS)
 UNIT_GB_PER_S = 1e-6  # a bandwidth of 1e-6 GB/s costs 1 ms per byte
@@ -49,7 +51,7 @@ FREE_GB_PER_S = 1e6  # stored when a bandwidth's cost fits to zero
 LOOKUP_PHASES = ("lookup_fwd_ms", "lookup_bwd_ms")
 DIST_PHASES = ("input_dist_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "dp_allreduce_ms")
 LOOKUP_TERMS = ("hbm_gb_per_s", "lookup_fwd_call_ms", "lookup_bwd_call_ms", "lookup_fwd_ns_per_id", "lookup_bwd_ns_per_id", "lookup_bwd_ns_per_row",
-                "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row")
+                "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row", "dp_dense_gb_per_s")
 DIST_TERMS = ("intra_host_gb_per_s", "inter_host_gb_per_s", "collective_ms", "inter_host_collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
 SEQUENCE_TERMS = ("lookup_ns_per_out_byte", "sequence_bwd_ns_per_row", "sequence_dist_ns_per_id")
 ROUNDS = 4

@@ -2,8 +2,10 @@
 
 Each point is one table of ``rows x dim`` looked up by ``batch`` bags of on average
 ``pooling`` ids, placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
-rowwise_adagrad update, pooled or sequence) or data_parallel ("dp": the runtime's replica
-kernel) on a one-rank gloo group. Going through the public runtime (a sharded collection
+rowwise_adagrad update, pooled or sequence) or data_parallel on a one-rank gloo group, in either
+of the runtime's modes: "dp" (replicated look-up, a fused update of the rows looked up) or
+"allreduce" (local look-up, the dense gradient of the whole table and its optimizer on every row:
+the full-table work that ``dp_dense_gb_per_s`` prices). Going through the public runtime (a sharded collection
 with a timer, embshard.calibrate.measure) keeps the benchmark honest as the runtime
 changes: the lookup phases are exactly what a rank runs, and the input/output dist phases
 at one rank measure the per-id work of routing without any network transfer. On cuda the
@@ -13,10 +15,10 @@ one rank is an nccl rank on GPU 0, its tables and batches on the GPU.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
-from embshard.planner.api import manual_plan
+from embshard.planner.api import evaluate, manual_plan, placement_for
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.specs import TableSpec
@@ -25,7 +27,7 @@ from embshard.topology import Topology
 
 @dataclass(frozen=True)
 class KernelPoint:
-    kind: str  # "fbgemm" | "dp"
+    kind: str  # "fbgemm" | "dp" | "allreduce"
     pooled: bool
     rows: int
     dim: int
@@ -39,14 +41,18 @@ class KernelPoint:
         return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device=device)
 
     def plan(self, topology: Topology | None = None) -> ShardingPlan:
-        stype = ShardingType.TABLE_WISE if self.kind == "fbgemm" else ShardingType.DATA_PARALLEL
-        return manual_plan([self.spec()], topology or self.topology(), {"t": (stype, [0])})
+        topology = topology or self.topology()
+        if self.kind == "fbgemm":
+            return manual_plan([self.spec()], topology, {"t": (ShardingType.TABLE_WISE, [0])})
+        placement = placement_for(self.spec(), topology, ShardingType.DATA_PARALLEL, (0,))
+        mode = "allreduce" if self.kind == "allreduce" else "replicated_lookup"
+        return evaluate([self.spec()], topology, [replace(placement, data_parallel_mode=mode)])
 
 
 def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], poolings: Sequence[float],
          sequence: bool, dp_max_rows: int, max_table_elements: int) -> list[KernelPoint]:
     """Pooled fbgemm points over the full grid, sequence points (if ``sequence``) and
-    data-parallel points (tables up to dp_max_rows rows) over the same grid; tables above
+    data-parallel points in both modes (tables up to dp_max_rows rows) over the same grid; tables above
     max_table_elements (rows x dim) are skipped."""
     points = []
     for d, n, b, p in itertools.product(dims, rows, batches, poolings):
@@ -56,7 +62,7 @@ def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], pooli
         if sequence:
             points.append(KernelPoint("fbgemm", False, n, d, b, p))
         if n <= dp_max_rows:
-            points.append(KernelPoint("dp", True, n, d, b, p))
+            points += [KernelPoint("dp", True, n, d, b, p), KernelPoint("allreduce", True, n, d, b, p)]
     return points
 
 

@@ -11,7 +11,8 @@ synthetic batches drawn from the table specs (embshard.calibrate.synthetic) and 
 forward + backward (with the fused optimizer update). Phases are those of the planner's
 `Perf`: forward phases come from the collections' timer hook (`collection.timer`, the
 runtime's PhaseTimer interface); backward phases from autograd node hooks: the lookup
-kernels' backward nodes are lookup_bwd; the collectives' backward nodes are output_dist_bwd:
+kernels' backward nodes (and the allreduce-mode replicas' `_LocalLookup`: their dense gradients
+and update, embshard.runtime.dense_replicas) are lookup_bwd; the collectives' backward nodes are output_dist_bwd:
 the sharded tables' all-to-all (`_AllToAll`) and the data-parallel replicas' exchange of
 every rank's pooled gradients (`_LocalPart`, embshard.runtime.comm.local_part), which the
 cost model charges to output_dist_bwd too (replicated_lookup_perf); collectives run inside a
@@ -108,6 +109,7 @@ class PhaseClock:
 
 # backward node (class name fragment) -> phase
 BACKWARD_NODES = {"LookupFunction": "lookup_bwd_ms", "_TorchLookup": "lookup_bwd_ms",  # FBGEMM / torch lookup kernels
+                  "_LocalLookup": "lookup_bwd_ms",  # allreduce-mode replicas: dense gradients, their all-reduce, dense update
                   "_AllToAll": "output_dist_bwd_ms",  # sharded tables' embedding gradients back to the holders
                   "_LocalPart": "output_dist_bwd_ms"}  # data-parallel replicas: every rank's gradients to every replica
 
@@ -149,11 +151,11 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 @contextmanager
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
-    all_to_all_single, all_gather_into_tensor) as dp_allreduce_ms: torch.distributed's
+    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor) as dp_allreduce_ms: torch.distributed's
     functions are wrapped in this process while a lookup backward node runs."""
     import torch.distributed as dist
 
-    names = ("all_reduce", "all_to_all_single", "all_gather_into_tensor")
+    names = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")
     originals = {n: getattr(dist, n) for n in names}
 
     def wrap(fn):

@@ -121,19 +121,12 @@ class DenseReplicas:
     def update(self, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
         """Dense gradients (and adam's id counts) of every stack -> one all-reduce -> each table's optimizer.
         graphs: per kernel, its dense lookup's (output, weights leaf) (`FbgemmKernel.dense_lookup`) or None."""
-        flat = torch.empty(self.flat_numel, device=self.placeholder.device)  # every element written below
-        stacks = iter(self.stacks)
-        for k, (x, grad, graph) in enumerate(zip(inputs, grads, graphs)):
-            if graph is not None:  # one stack: FBGEMM's dense backward writes the kernel's flat weight gradient
-                stack = next(stacks)
-                self._grad(flat, stack).view(-1).copy_(torch.autograd.grad(graph[0], graph[1], grad)[0])
-                continue
-            for w, (rows, g) in sorted(self.per_id_grads(k, x, grad).items()):
-                stack = next(stacks)
-                assert (stack.kernel, stack.width) == (k, w)
-                self._grad(flat, stack).zero_().index_put_((rows,), g.float(), accumulate=True)
-                if stack.count_start >= 0:
-                    self._count(flat, stack).copy_(torch.bincount(rows, minlength=stack.num_rows))
+        if len(self.stacks) == 1 and graphs[0] is not None and self.flat_numel == self.grad_numel:
+            # the whole buffer is one kernel's dense weight gradient (FBGEMM's backward, nothing counted): all-reduced as it is
+            flat = torch.autograd.grad(graphs[0][0], graphs[0][1], grads[0])[0].view(-1)
+        else:
+            flat = torch.empty(self.flat_numel, device=self.placeholder.device)
+            self._fill(flat, inputs, grads, graphs)
         steps = [kernel.count_update() for kernel in self.kernels]
         if self.sharded:
             self._sharded_update(flat, steps)
@@ -147,6 +140,21 @@ class DenseReplicas:
                 counts = self._count(flat, stack) if stack.count_start >= 0 else None
                 self._apply(spec.optimizer, [weights[i] for i in stack.blocks], [states[i] for i in stack.blocks],
                             self._grad(flat, stack), counts, stack.block_rows, steps[stack.kernel])
+
+    def _fill(self, flat: Tensor, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
+        """Write every stack's dense gradient (and adam's id counts) into the flat buffer: every element."""
+        stacks = iter(self.stacks)
+        for k, (x, grad, graph) in enumerate(zip(inputs, grads, graphs)):
+            if graph is not None:  # one stack: FBGEMM's dense backward writes the kernel's flat weight gradient
+                stack = next(stacks)
+                self._grad(flat, stack).view(-1).copy_(torch.autograd.grad(graph[0], graph[1], grad)[0])
+                continue
+            for w, (rows, g) in sorted(self.per_id_grads(k, x, grad).items()):
+                stack = next(stacks)
+                assert (stack.kernel, stack.width) == (k, w)
+                self._grad(flat, stack).zero_().index_put_((rows,), g.float(), accumulate=True)
+                if stack.count_start >= 0:
+                    self._count(flat, stack).copy_(torch.bincount(rows, minlength=stack.num_rows))
 
     def _sharded_update(self, flat: Tensor, steps: list[int]) -> None:
         """Reduce-scatter the gradients by pieces, update this rank's pieces, all-gather the updated rows."""

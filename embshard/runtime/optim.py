@@ -84,9 +84,13 @@ def apply_update(
         put(state["momentum1"], m)
         w -= learning_rate * grad / (m.sqrt() + config.eps)
     elif optimizer == "rowwise_adagrad":
-        m = take(state["momentum1"]) + (grad * grad).mean(dim=1)
-        put(state["momentum1"], m)
-        w -= (learning_rate / (m.sqrt() + config.eps)).unsqueeze(1) * grad
+        if rows is None:  # every row (dense replicas): state and weight in place, no temporary of the weight's size
+            m = state["momentum1"].add_((grad * grad).mean(dim=1))
+            w.addcmul_((learning_rate / (m.sqrt() + config.eps)).unsqueeze(1), grad, value=-1.0)
+        else:
+            m = take(state["momentum1"]) + (grad * grad).mean(dim=1)
+            put(state["momentum1"], m)
+            w -= (learning_rate / (m.sqrt() + config.eps)).unsqueeze(1) * grad
     elif optimizer == "adam":
         m1 = take(state["momentum1"]) * config.beta1 + (1.0 - config.beta1) * grad
         m2 = take(state["momentum2"]) * config.beta2 + (1.0 - config.beta2) * grad * grad

@@ -46,8 +46,9 @@ def test_calibrate_writes_a_profile_the_planner_reads(calibrated):
     assert topo.intra_host_gb_per_s > 0 and topo.hbm_gb_per_s > 0
     assert all(getattr(topo, f) > 0 for f in PHASE_FACTORS)
     data = json.loads((root / "data.json").read_text())
-    assert [(k["kind"], k["rows"], k["dim"]) for k in data["kernels"]] == [("fbgemm", 1000, 16), ("dp", 1000, 16)]
-    assert data["kernels"][0]["cpu_lookup_bwd_ms"] > 0 and data["kernels"][1]["cpu_dp_allreduce_ms"] >= 0
+    assert [(k["kind"], k["rows"], k["dim"]) for k in data["kernels"]] == [("fbgemm", 1000, 16), ("dp", 1000, 16), ("allreduce", 1000, 16)]
+    assert data["kernels"][0]["cpu_lookup_bwd_ms"] > 0 and data["kernels"][2]["cpu_dp_allreduce_ms"] >= 0
+    assert data["kernels"][2]["cpu_lookup_bwd_ms"] > 0 and "dp_dense_gb_per_s" in raw  # the all-reduce mode's dense work, fitted
     assert sorted({(c["op"], c["bytes"], c["rank"]) for c in data["collectives"]}) == \
         [(op, b, r) for op in ("all_reduce", "all_to_all") for b in (1000, 100000) for r in (0, 1)]
     assert all(c["cpu_ms"] > 0 for c in data["collectives"])

@@ -81,6 +81,8 @@ def test_one_gpu_keeps_the_datasheet_communication_and_says_so():
     assert topo.intra_host_gb_per_s == pytest.approx(DEVICE_DEFAULTS["cuda"]["intra_host_gb_per_s"])
     assert topo.collective_ms == 0 and topo.full_duplex is True and topo.device == "cuda"
     assert topo.hbm_gb_per_s > 0 and topo.lookup_fwd_call_ms > 0
+    # no allreduce-mode kernel points (an older calibration's data): the dense rate keeps the device's default
+    assert topo.dp_dense_gb_per_s == pytest.approx(DEVICE_DEFAULTS["cuda"]["dp_dense_gb_per_s"])
     note = comm_note(data)
     assert note.startswith("communication not measured") and "cuda datasheet 150 GB/s" in note
     text = profile_yaml(topo, data, result, "embshard-calibrate device=cuda")

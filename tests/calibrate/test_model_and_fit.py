@@ -28,7 +28,8 @@ TRUE_TERMS = dict(hbm_gb_per_s=50.0, intra_host_gb_per_s=2.5, inter_host_gb_per_
                   lookup_fwd_call_ms=0.7, lookup_bwd_call_ms=0.2, lookup_fwd_ns_per_id=5.0, lookup_bwd_ns_per_id=20.0,
                   lookup_bwd_ns_per_row=400.0, lookup_ns_per_row_byte=0.25, lookup_ns_per_out_byte=0.2, sequence_bwd_ns_per_row=2000.0,
                   dist_ns_per_id=10.0, dist_ns_per_bag=80.0, dist_ns_per_byte=0.6, sequence_dist_ns_per_id=25.0,
-                  dp_fwd_ns_per_id=0.0, dp_bwd_ns_per_id_byte=0.0, dp_bwd_ns_per_row=0.0)  # replicated look-ups: unused
+                  dp_fwd_ns_per_id=3.0, dp_bwd_ns_per_id_byte=0.4, dp_bwd_ns_per_row=30.0,  # allreduce mode's local lookup
+                  dp_dense_gb_per_s=1.5)  # and its dense full-table work: far below hbm_gb_per_s
 
 
 def test_defaults_are_the_datasheet_model():
@@ -43,7 +44,7 @@ def test_defaults_are_the_datasheet_model():
     # The datasheet model is bytes over bandwidths: twice every bandwidth halves every phase of every rank.
     def faster(t: Topology, k: float) -> Topology:
         return replace(t, hbm_gb_per_s=k * t.hbm_gb_per_s, intra_host_gb_per_s=k * t.intra_host_gb_per_s,
-                       inter_host_gb_per_s=k * t.inter_host_gb_per_s)
+                       inter_host_gb_per_s=k * t.inter_host_gb_per_s, dp_dense_gb_per_s=k * t.dp_dense_gb_per_s)
 
     halved = evaluate(specs, faster(topo, 2), p.tables)
     for slow, fast in zip(p.ranks, halved.ranks):
@@ -93,7 +94,8 @@ def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
     for kind, pooled, rows, dim, batch, pf in [("fbgemm", True, n, d, b, p) for n in (100, 10_000, 200_000) for d in (16, 64, 128)
                                                for b, p in ((64, 1.0), (512, 8.0), (2048, 30.0))] + \
             [("fbgemm", False, n, 32, b, p) for n in (100, 50_000) for b, p in ((64, 2.0), (1024, 10.0))] + \
-            [("dp", True, n, d, b, p) for n in (100, 5_000) for d in (16, 64) for b, p in ((64, 3.0), (1024, 20.0))]:
+            [(k, True, n, d, b, p) for k in ("dp", "allreduce") for n in (100, 5_000, 50_000) for d in (16, 64)
+             for b, p in ((64, 3.0), (1024, 20.0))]:
         p_ = KernelPoint(kind, pooled, rows, dim, batch, pf).plan()
         pred = rank_perfs(p_.specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=batch,
                                                **{f: 1.0 for f in PHASE_FACTORS}), p_.tables)

@@ -1,6 +1,9 @@
 """The planner prices both data-parallel modes per table and records the cheaper one in the plan."""
 
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from embshard.planner import ShardingPlan, evaluate, manual_plan, plan
 from embshard.planner.cost.perf import data_parallel_perf
@@ -40,3 +43,37 @@ def test_the_search_records_the_mode_it_priced():
     p = plan(tables, TOPO, time_budget_s=1)
     dp = [t for t in p.tables if t.sharding_type is ShardingType.DATA_PARALLEL]
     assert dp and all(t.data_parallel_mode == "allreduce" for t in dp)
+
+
+# The runtime benchmark's two data-parallel cases (benchmarks/runtime_vs_torchrec.py: POOLED, SMALL; batch 2048 per rank)
+LARGE_DP = [TableSpec(f"p{i}", rows, dim, pf, feature_names=(f"pf{i}",), optimizer="rowwise_adagrad")
+            for i, (rows, dim, pf) in enumerate([(200_000, 64, 20), (100_000, 64, 10), (50_000, 128, 15), (400_000, 64, 25),
+                                                 (20_000, 32, 5), (150_000, 64, 30), (10_000, 128, 8), (80_000, 64, 12)])]
+SMALL_DP = [TableSpec(f"c{i}", rows, 16, 1.0, feature_names=(f"cf{i}",), optimizer="rowwise_adagrad")
+            for i, rows in enumerate([1460, 583, 305, 24, 12517, 633, 3, 5683, 3194, 27, 14992, 10, 5652, 2173, 4, 18, 15, 105])]
+
+
+def test_a_measured_dense_rate_picks_the_faster_mode_of_each_benchmark_case():
+    """A profile embshard-calibrate fit on a 2-core CPU (data/cpu_gloo_dense.yaml, with the allreduce mode's dense
+    full-table work measured: dp_dense_gb_per_s 3.2 GB/s). Measured there on 2 gloo ranks, max rank CPU ms per step:
+    the large tables all replicated 270, all allreduce 737-900; the small ones all allreduce 12.4-14.7, all
+    replicated 23-28. The planner replicates the large tables that dominate and all-reduces every small one;
+    priced at the lookups' bandwidth (hbm_gb_per_s, as before the term) it all-reduced every large table."""
+    import yaml
+
+    raw = yaml.safe_load((Path(__file__).parent / "data" / "cpu_gloo_dense.yaml").read_text())
+    topo = Topology.from_dict({**raw, "batch_size_per_rank": 2048})
+    assert topo.dp_dense_gb_per_s == pytest.approx(3.23664) and topo.dp_dense_gb_per_s < topo.hbm_gb_per_s / 20
+
+    def case(specs, t):
+        p = manual_plan(specs, t, {s.name: ("data_parallel", ()) for s in specs})
+        one = {m: evaluate(specs, t, [replace(x, data_parallel_mode=m) for x in p.tables]).max_rank_ms for m in DATA_PARALLEL_MODES}
+        return [x.data_parallel_mode for x in p.tables], p.max_rank_ms, one
+
+    modes, planned, one = case(LARGE_DP, topo)
+    assert modes == ["replicated_lookup"] * 4 + ["allreduce", "replicated_lookup", "allreduce", "replicated_lookup"]
+    assert planned <= one["replicated_lookup"] < one["allreduce"] / 1.5
+    modes, planned, one = case(SMALL_DP, topo)
+    assert modes == ["allreduce"] * len(SMALL_DP) and planned == one["allreduce"] < one["replicated_lookup"] / 1.5
+    old = replace(topo, dp_dense_gb_per_s=topo.hbm_gb_per_s)
+    assert case(LARGE_DP, old)[0] == ["allreduce"] * len(LARGE_DP)

@@ -11,7 +11,7 @@ from embshard.planner.cost.traffic import rank_traffic_bytes
 from embshard.planner.plan import SCHEMA_VERSION, Replicas
 from embshard.planner.types import Shard
 from embshard.specs import TableSpec
-from embshard.topology import Topology
+from embshard.topology import DEVICE_DEFAULTS, Topology
 from embshard.workloads import generate_tables
 
 
@@ -265,7 +265,7 @@ def test_version_7_loads_with_in_host_reduction_on():
     assert p.topology.reduce_in_host and p.topology.num_hosts == 2
     assert [(t.name, t.sharding_type.value) for t in p.tables] == [(t["name"], t["sharding_type"]) for t in raw["tables"]]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 10 and "reduce_in_host" not in again["topology"]
+    assert again["schema_version"] == SCHEMA_VERSION == 11 and "reduce_in_host" not in again["topology"]
     assert ShardingPlan.from_json(p.to_json()) == p
     flat = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "reduce_in_host": False}})
     inter = lambda q: sum(t.inter_host_sent for t in q.traffic)  # noqa: E731
@@ -283,7 +283,7 @@ def test_version_8_loads_with_flat_collectives():
     assert not p.topology.reduce_in_host and not p.topology.sharded_dp_update and p.topology.num_hosts == 2
     assert [r["traffic_bytes"] for r in raw["ranks"]] == [t.to_dict() for t in p.traffic]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 10 and again["topology"]["reduce_in_host"] is False
+    assert again["schema_version"] == SCHEMA_VERSION == 11 and again["topology"]["reduce_in_host"] is False
     assert "sharded_dp_update" not in again["topology"] and ShardingPlan.from_json(p.to_json()) == p
 
 
@@ -299,5 +299,22 @@ def test_version_9_loads_without_the_in_host_reduction_terms():
     assert (p.topology.host_reduce_fwd_ns_per_byte, p.topology.host_reduce_bwd_ns_per_byte, p.topology.host_reduce_call_ms) == (0, 0, 0)
     assert p.topology.collective_ms == raw["topology"]["collective_ms"]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 10 and not any(k.startswith("host_reduce") for k in again["topology"])
+    assert again["schema_version"] == SCHEMA_VERSION == 11 and not any(k.startswith("host_reduce") for k in again["topology"])
     assert ShardingPlan.from_json(p.to_json()) == p
+
+
+def test_version_10_loads_with_the_default_dense_rate():
+    """Written by main's embshard at e204e60 (schema 10, before ``topology.dp_dense_gb_per_s``; the schema-9 file h12 wrote at 6d026fb, loaded and written again) on the calibrated cpu
+    profile: it loads with the cpu default rate for the all-reduce mode's dense work, not the profile's lookup
+    bandwidth, and is written back as the current version without the key; a measured rate is kept."""
+    path = Path(__file__).parent / "data" / "plan_v10.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == 10 and "dp_dense_gb_per_s" not in raw["topology"]
+    p = ShardingPlan.load(path)
+    assert p.topology.dp_dense_gb_per_s == DEVICE_DEFAULTS["cpu"]["dp_dense_gb_per_s"] < p.topology.hbm_gb_per_s == 2130.85
+    assert [(t.name, t.data_parallel_mode) for t in p.tables] == [(t["name"], t.get("data_parallel_mode")) for t in raw["tables"]]
+    again = json.loads(p.to_json())
+    assert again["schema_version"] == SCHEMA_VERSION == 11 and "dp_dense_gb_per_s" not in again["topology"]
+    assert again["input_hash"] == raw["input_hash"] and ShardingPlan.from_json(p.to_json()) == p
+    measured = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "dp_dense_gb_per_s": 3.5}})
+    assert measured.topology.dp_dense_gb_per_s == 3.5 and json.loads(measured.to_json())["topology"]["dp_dense_gb_per_s"] == 3.5

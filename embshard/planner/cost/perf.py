@@ -36,7 +36,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
   in backward; data-parallel replicas run another kernel, with terms of their own (per id
-  forward; per byte of per-id gradients and per distinct row backward), or, with
+  forward; per byte of per-id gradients and per distinct row backward; their dense full-table work at
+  ``dp_dense_gb_per_s``, a rate of its own), or, with
   a placement's ``data_parallel_mode`` "replicated_lookup" (the planner picks the cheaper mode per
   table, `cheaper_data_parallel_mode`), cost what a table-wise holder of the global batch costs, on
   every rank (`replicated_lookup_perf`);
@@ -289,14 +290,15 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
     # dense backward: zero + scatter-add the full gradient, then update every row and its state (sharded updates:
-    # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer)
+    # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer): streaming work over
+    # the whole table at dp_dense_gb_per_s, beside the per-id gradient at the lookups' bandwidth
     W = topo.world_size if topo.sharded_dp_update else 1
-    bwd_bytes = out_rows * D * OUTPUT_BYTES + ids * rb + (2 + (W > 1)) * grad_bytes + \
-        N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    dense_bytes = (2 + (W > 1)) * grad_bytes + N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
     out_bytes = out_rows * D * OUTPUT_BYTES
     fwd += _ns(ids, topo.dp_fwd_ns_per_id)
-    bwd = (_ms(bwd_bytes, topo.hbm_gb_per_s) + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
+    bwd = (_ms(out_bytes + ids * rb, topo.hbm_gb_per_s) + _ms(dense_bytes, topo.dp_dense_gb_per_s)
+           + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
            + _ns(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
     return _factored(Perf(
         input_dist_ms=_route_ms(spec, topo, ids, B * F),
