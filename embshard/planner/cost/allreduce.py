@@ -51,17 +51,20 @@ def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
 
 def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
     """What the hierarchy costs beyond moving bytes: fixed costs of two all-to-alls among the L ranks of a
-    host and of a ring (2 steps per peer) among H ranks on other hosts; and its own copies (summing the
+    host and of a ring (2 steps per peer) among H ranks on other hosts; its own copies (summing the
     received parts, the all-gather's input and result: 3 x the buffer) at the calibrated per-byte copy
-    cost (dist_ns_per_byte), which gloo's ring does inside its one call."""
+    cost (dist_ns_per_byte), which gloo's ring does inside its one call; and the CPU work measured beyond
+    all that (calibrated, 0 in the datasheet model: ``dp_hier_ns_per_byte`` of the buffer, ``dp_hier_call_ms``
+    per call; fitted on layouts run hierarchically and flat, embshard.calibrate.fit.dp_hier_fit)."""
     L, H = topo.local_world_size, topo.num_hosts
     fixed = 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
-    return fixed + 3 * num_bytes * topo.dist_ns_per_byte * 1e-6
+    return fixed + num_bytes * (3 * topo.dist_ns_per_byte + topo.dp_hier_ns_per_byte) * 1e-6 + topo.dp_hier_call_ms
 
 
 def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
     """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
-    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs and copies included)."""
+    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs, copies and the
+    hierarchy's calibrated CPU work included)."""
     if not topo.reduces_in_host or topo.local_world_size == 1:
         return False
     return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
