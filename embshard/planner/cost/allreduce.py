@@ -61,18 +61,25 @@ def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
     return fixed + num_bytes * (3 * topo.dist_ns_per_byte + topo.dp_hier_ns_per_byte) * 1e-6 + topo.dp_hier_call_ms
 
 
+def hierarchical_total_ms(num_bytes: float, topo: Topology) -> float:
+    """The hierarchy's time with its fixed costs, copies and calibrated CPU work."""
+    return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
+
+
+def flat_total_ms(num_bytes: float, topo: Topology) -> float:
+    """The ring's time with its fixed costs (two steps per peer)."""
+    return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)
+
+
 def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
     """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
     per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs, copies and the
     hierarchy's calibrated CPU work included)."""
     if not topo.reduces_in_host or topo.local_world_size == 1:
         return False
-    return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
-            < flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2))
+    return hierarchical_total_ms(num_bytes, topo) < flat_total_ms(num_bytes, topo)
 
 
 def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     """Time of the all-reduce the runtime runs for num_bytes, fixed costs (and the hierarchy's copies) included."""
-    if hierarchical_allreduce(num_bytes, topo):
-        return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
-    return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)
+    return (hierarchical_total_ms if hierarchical_allreduce(num_bytes, topo) else flat_total_ms)(num_bytes, topo)
