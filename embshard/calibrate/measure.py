@@ -153,13 +153,13 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 @contextmanager
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
-    all_to_all_single, all_gather_into_tensor, and the hierarchical all-reduce whole: its copies and sums
+    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, and the hierarchical all-reduce whole: its copies and sums
     too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs."""
     import torch.distributed as dist
 
     from embshard.runtime import wire
 
-    targets = [(dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor")] + [(wire, "hierarchical_all_reduce")]
+    targets = [(dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")] + [(wire, "hierarchical_all_reduce")]
     originals = [(module, n, getattr(module, n)) for module, n in targets]
 
     def wrap(fn):
