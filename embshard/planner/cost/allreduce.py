@@ -5,8 +5,8 @@ all-reduce of that share across hosts among the ranks of the same local index, a
 all-gather inside the host (embshard.runtime.comm.hierarchical_all_reduce). Only 1/L of the
 buffer leaves each rank across hosts, against 2(W-1)/W of it through one rank per host in
 the ring. Time per link class of both, and which one the runtime runs
-(`hierarchical_allreduce`: the faster by this model; the runtime and the traffic model
-both ask it). No torch here.
+(`hierarchical_allreduce`: the faster by this model, the hierarchy's calibrated CPU work
+``dp_hier_*`` included; the runtime and the traffic model both ask it). No torch here.
 """
 
 from __future__ import annotations
