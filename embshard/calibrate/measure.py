@@ -159,7 +159,8 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
 
     from embshard.runtime import wire
 
-    targets = [(dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")] + [(wire, "hierarchical_all_reduce")]
+    targets = [*((dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")),
+               (wire, "hierarchical_all_reduce")]
     originals = [(module, n, getattr(module, n)) for module, n in targets]
 
     def wrap(fn):
