@@ -291,6 +291,8 @@ def main() -> None:
     hosts.add_argument("--link-gbit", type=float, default=2.0, help="each host link's rate, each way")
     hosts.add_argument("--delay-ms", type=float, default=0.1, help="each host link's delay (needs netem)")
     hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate / ranks per host)")
+    hosts.add_argument("--cores-per-rank", type=float, help="cores each rank has, dividing the profile's per-phase factors "
+                       "(default: cores / ranks, at most 1: the emulated hosts share this machine's cores)")
     hosts.add_argument("--workloads", nargs="*", help="only these workloads (default all three)")
     hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
     hosts.add_argument("--quick", action="store_true", help="tiny tables, 2 steps, 1 round: a check that it runs (seconds)")
@@ -299,6 +301,8 @@ def main() -> None:
     args.steps = args.steps or (6 if args.hosts else 10)
     args.warmup = args.warmup if args.warmup is not None else 1 if args.hosts else 2
     args.torchrec_search_s = args.torchrec_search_s or (20 if args.hosts else 60)
+    if args.cores_per_rank is not None and not 0 < args.cores_per_rank <= 1:
+        parser.error(f"--cores-per-rank: must be in (0, 1] (a rank's share of a core), got {args.cores_per_rank:g}")
     if args.hosts:
         from plans_multihost import markdown as multihost_markdown, run_multihost
 

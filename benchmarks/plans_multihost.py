@@ -19,6 +19,11 @@ row_wise over all ranks) are made for the topology H x L (the profile's terms; i
 bandwidth from --inter-host-gb-per-s, default 2 x the link rate / L: the half-duplex CPU model sums
 a rank's sent and received bytes, which is what embshard-calibrate fits through such a link with one
 rank per host, and the model gives each rank a link of its own, where here a host's L ranks share one).
+The emulated cluster is priced as it is (`emulated_topology`): its H x L ranks share this machine's cores,
+so each rank has cores / (H x L) of one (at most 1; --cores-per-rank), and the profile's per-phase factors,
+which scale a rank's CPU work and not the time its bytes spend on inter-host links, are divided by that:
+on 2 cores, 4 ranks' CPU phases take twice what a rank on a core of its own takes (an upper bound where a
+rank waits on the link and its core runs another). A real cluster's topology keeps the factors as fitted.
 Also, on big_pooled with its big tables row_wise over all ranks and the small ones data-parallel
 ("allreduce"): the runtime with in-host reduction (and the hierarchical all-reduce) against flat
 collectives (``topology.reduce_in_host: false``); and on sequence_outputs, embshard's placement
@@ -77,6 +82,18 @@ def workloads(scale: float = 1.0):
 
     return {"big_pooled": (tuple(big), gib(0.3)), "skewed_sizes": (tuple(skewed), gib(0.35)),
             "sequence_outputs": (tuple(sequence), gib(0.25))}
+
+
+def emulated_topology(base, hosts: int, ranks_per_host: int, inter_host_gb_per_s: float, cores_per_rank: float):
+    """``base`` on hosts x ranks_per_host ranks, inter-host traffic at inter_host_gb_per_s, with its per-phase factors (a
+    rank's CPU work; inter-host link time is not scaled, embshard.planner.cost.perf._factored) divided by the cores each
+    rank has: the emulated hosts share this machine's cores. (dp_allreduce_factor scales the all-reduce whole, its
+    inter-host legs too: a data-parallel all-reduce's link time is not priced apart.)"""
+    from embshard.topology import PHASE_FACTORS
+
+    assert 0 < cores_per_rank <= 1, cores_per_rank
+    return replace(base, world_size=hosts * ranks_per_host, local_world_size=ranks_per_host, inter_host_gb_per_s=inter_host_gb_per_s,
+                   **{f: getattr(base, f) / cores_per_rank for f in PHASE_FACTORS})
 
 
 def greedy_plan(specs, topo):
@@ -181,13 +198,14 @@ def run_multihost(args) -> dict:
             setattr(args, key, value)
     H, L = args.hosts, args.ranks_per_host
     inter = args.inter_host_gb_per_s or 2 * args.link_gbit / 8 / L  # a host's L ranks share its one link
+    cores = args.cores_per_rank or min(1.0, (os.cpu_count() or 1) / (H * L))  # the emulated hosts share this machine's cores
     t0, load_start = time.time(), os.getloadavg()
     sections: dict[str, dict] = {"placement": {}, "reduction": {}, "wire": {}}
     torchrec_errors: dict[str, str] = {}
     for name, (specs, hbm_gib) in workloads(getattr(args, "scale", 1.0)).items():
         if args.workloads and name not in args.workloads:
             continue
-        topo = replace(profile_topology(args.profile, hbm_gib), world_size=H * L, local_world_size=L, inter_host_gb_per_s=inter)
+        topo = emulated_topology(profile_topology(args.profile, hbm_gib), H, L, inter, cores)
         print(f"planning {name} for {H} hosts x {L} ranks", flush=True)
         plans = {"embshard": plan(specs, topo, time_budget_s=args.embshard_budget_s)}
         try:
@@ -224,7 +242,7 @@ def run_multihost(args) -> dict:
             if rnd == 0:  # TorchRec's DMP in the first round only (the full run's time)
                 dmp_rounds.append([per_rank[r]["dmp"] for r in range(H * L)])
     result = {"hosts": H, "ranks_per_host": L, "link": shaping, "link_gbit": args.link_gbit, "inter_host_gb_per_s": inter,
-              "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
+              "cores_per_rank": cores, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
               "load_start": load_start, "load_end": os.getloadavg(), "seconds": time.time() - t0, "date": today(),
               "cpu": cpu_model(), "cores": os.cpu_count(), "commit": _commit(), "torchrec_errors": torchrec_errors,
               **{sec: {n: {} for n in cases} for sec, cases in sections.items()}}
@@ -287,7 +305,9 @@ def markdown(result: dict, command: str) -> str:
              f"{result['load_start'][0]:.1f} at start, {result['load_end'][0]:.1f} at end; {result['seconds']:.0f} s.", "",
              f"Links: {result['link']} (network namespaces and a bridge, embshard.emulated_hosts); the plans' topology prices "
              f"inter-host traffic at {result['inter_host_gb_per_s']:g} GB/s (half-duplex sum of sent and received), the rest is "
-             f"profile {result['profile']}. Step = slowest rank's wall time per step (median of {result['steps']} steps), median of "
+             f"profile {result['profile']}, its per-phase factors (a rank's CPU work, not inter-host link time) divided by the "
+             f"{result.get('cores_per_rank', 1.0):g} core(s) each rank has here ({H * L} ranks on {result['cores']} cores: the emulated "
+             f"cluster priced as it is). Step = slowest rank's wall time per step (median of {result['steps']} steps), median of "
              f"{result['rounds']} rounds that alternate the order of all plans; inter-host bytes counted by the runtime's counter "
              "(embedding collectives, sent + received, all ranks) against the plan's `traffic_bytes`; link bytes = each host's veth "
              "counters (sent + received) per step, set-up, warmup and barriers included. TorchRec's plan runs on embshard's "

@@ -51,9 +51,13 @@ CALIBRATED_TERMS = (
     "host_reduce_fwd_ns_per_byte",  # in-host reduction, forward: per byte of a row shard's partial sums (permutation gathers, sums)
     "host_reduce_bwd_ns_per_byte",  # in-host reduction, backward: per byte of their gradients (the same gathers, fanned out)
     "host_reduce_call_ms",      # fixed cost of the in-host reduction's sub-group all-to-all, forward and backward each
+    "dp_hier_ns_per_byte",      # hierarchical all-reduce of data-parallel gradients: its own CPU work per byte of the buffer
+    "dp_hier_call_ms",          # hierarchical all-reduce: fixed cost per call beyond collective_ms per peer
 )
 # The in-host reduction's terms (plan schema 10), fitted on layouts run with and without it (embshard.calibrate.fit).
 HOST_REDUCE_TERMS = ("host_reduce_fwd_ns_per_byte", "host_reduce_bwd_ns_per_byte", "host_reduce_call_ms")
+# The hierarchical all-reduce's terms (plan schema 11), fitted on data-parallel layouts run hierarchically and flat.
+DP_HIER_TERMS = ("dp_hier_ns_per_byte", "dp_hier_call_ms")
 # Per-phase efficiency factors (1 = off): what a phase costs when ranks run a whole step
 # together, relative to the terms above measured one kernel or collective at a time.
 PHASE_FACTORS = ("input_dist_factor", "lookup_fwd_factor", "output_dist_factor", "lookup_bwd_factor", "dp_allreduce_factor")
@@ -150,6 +154,8 @@ class Topology:
     host_reduce_fwd_ns_per_byte: float = 0.0
     host_reduce_bwd_ns_per_byte: float = 0.0
     host_reduce_call_ms: float = 0.0
+    dp_hier_ns_per_byte: float = 0.0
+    dp_hier_call_ms: float = 0.0
     input_dist_factor: float = 1.0
     lookup_fwd_factor: float = 1.0
     output_dist_factor: float = 1.0
@@ -211,7 +217,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, but those added since plan schema 2 only where they are in use (``comms`` not all fp32,
-        host memory for tables, an inter-host latency, the in-host reduction's terms, flat collectives, a dense data-parallel rate other than the device default), so topologies without them hash and serialise as before."""
+        host memory for tables, an inter-host latency, the in-host reduction's and the hierarchical all-reduce's terms, flat collectives, a dense data-parallel rate other than the device default), so topologies without them hash and serialise as before."""
         out = asdict(self)
         if self.comms == CommsPrecision():
             del out["comms"]
@@ -219,7 +225,7 @@ class Topology:
             del out["ddr_gib"], out["ddr_gb_per_s"]  # no host tier: its bandwidth (a device default) is unused
         if self.dp_dense_gb_per_s == DEVICE_DEFAULTS.get(self.device, {}).get("dp_dense_gb_per_s"):
             del out["dp_dense_gb_per_s"]
-        for key in ("inter_host_collective_ms", *HOST_REDUCE_TERMS):
+        for key in ("inter_host_collective_ms", *HOST_REDUCE_TERMS, *DP_HIER_TERMS):
             if out[key] == 0.0:
                 del out[key]
         if self.reduce_in_host:

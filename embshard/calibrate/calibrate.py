@@ -10,7 +10,8 @@ time on cuda; see embshard.calibrate.device): kernel microbenchmarks
 (embshard.calibrate.kernels), collectives (gloo on cpu, nccl on cuda;
 embshard.calibrate.collectives) and random layouts of generated workloads run on 2 and 4
 ranks (the runtime's own routing and assembly work), and random row-wise layouts on 4 ranks as 2 hosts
-x 2, each with and without the in-host reduction (its own CPU work). embshard.calibrate.fit fits every term
+x 2, each with and without the in-host reduction (its own CPU work), and random data-parallel layouts there, each
+all-reduced hierarchically and with one ring (the hierarchy's own CPU work). embshard.calibrate.fit fits every term
 of the planner's cost model on the data it explains. On cuda, world sizes above the number
 of GPUs are skipped (nccl runs one rank per GPU); with no collective measured (one GPU), the
 profile keeps the device's datasheet communication bandwidth and says so.
@@ -31,7 +32,7 @@ import yaml
 
 from embshard.calibrate import collectives, kernels
 from embshard.calibrate.device import BACKENDS, DEVICES, local_ranks_available
-from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, fit
+from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, dp_allreduce_bytes, fit
 from embshard.calibrate.measure import PHASES, measure_plans
 from embshard.machine import cpu_model
 from embshard.planner.plan import ShardingPlan
@@ -44,9 +45,10 @@ GROUP_KEYS = {
                 "max_table_elements": int, "steps": int, "warmup": int},
     "collectives": {"world_sizes": list, "sizes_bytes": list, "reps": int, "warmup": int},
     "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
-              "sequence_fraction": float, "steps": int, "warmup": int, "host_reduce_plans": int},
+              "sequence_fraction": float, "steps": int, "warmup": int, "host_reduce_plans": int,
+              "dp_hier_plans": int},
 }
-NON_NEGATIVE = ("warmup", "seed", "host_reduce_plans")  # integer keys that may be 0
+NON_NEGATIVE = ("warmup", "seed", "host_reduce_plans", "dp_hier_plans")  # integer keys that may be 0
 TOP_KEYS = ("profile", "device", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
 
 
@@ -164,6 +166,7 @@ def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any
             data["plans"].append({"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m.ranks], "wall_ms": [r.wall_ms for r in m.ranks],
                                   "step_wall_ms": m.step_wall_ms})
     data["host_reduce"] = measure_host_reduce(pc, cfg["topology"]["batch_size_per_rank"], device, cfg["timeout_s"], log)
+    data["dp_hier"] = measure_dp_hier(pc, cfg["topology"]["batch_size_per_rank"], device, cfg["timeout_s"], log)
     data["machine_end"] = machine(device)
     data["measure_s"] = time.perf_counter() - t0
     return data
@@ -185,9 +188,37 @@ def measure_host_reduce(pcfg: Mapping[str, Any], batch_size: int, device: str, t
     if not pcfg["host_reduce_plans"] or not runnable_world_sizes([HOST_REDUCE_RANKS], device, "in-host reduction", log):
         return []
     on = host_reduce_plans(pcfg, batch_size, device)
-    off = [flat(p) for p in on]
     log(f"in-host reduction: {len(on)} random layouts on {HOST_REDUCE_RANKS} ranks as 2 hosts, with and without it")
-    measured = measure_plans([*on, *off], steps=pcfg["steps"], warmup=pcfg["warmup"], timeout_s=timeout_s, device=device)
+    return _with_and_without(on, pcfg, timeout_s, device)
+
+
+def dp_hier_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu") -> list[ShardingPlan]:
+    """Random data-parallel layouts (synthetic.dp_hier_plan) on 4 ranks as 2 hosts x 2, all-reduced hierarchically:
+    the runtime asks the plan's topology (datasheet terms), which prices the hierarchy below the ring."""
+    from embshard.calibrate.synthetic import bench_tables, dp_hier_plan  # imports torch
+    from embshard.planner.cost.allreduce import hierarchical_allreduce
+
+    topo = Topology(world_size=HOST_REDUCE_RANKS, local_world_size=HOST_REDUCE_RANKS // 2, hbm_gib=16, batch_size_per_rank=batch_size,
+                    device=device)
+    seeds = [pcfg["seed"] + 8_000 + i for i in range(pcfg["dp_hier_plans"])]
+    plans = [dp_hier_plan(bench_tables(pcfg["num_tables"], s, pcfg["max_rows"], pcfg["max_pooling"]), topo, s) for s in seeds]
+    assert all(hierarchical_allreduce(sum(dp_allreduce_bytes(p)), p.topology) for p in plans)
+    return plans
+
+
+def measure_dp_hier(pcfg: Mapping[str, Any], batch_size: int, device: str, timeout_s: float, log) -> list[dict[str, Any]]:
+    """Each dp_hier_plans layout run on local ranks all-reduced hierarchically and with reduce_in_host off (one ring):
+    what the hierarchy's own CPU work costs (fit.dp_hier_fit)."""
+    if not pcfg["dp_hier_plans"] or not runnable_world_sizes([HOST_REDUCE_RANKS], device, "hierarchical all-reduce", log):
+        return []
+    on = dp_hier_plans(pcfg, batch_size, device)
+    log(f"hierarchical all-reduce: {len(on)} data-parallel layouts on {HOST_REDUCE_RANKS} ranks as 2 hosts, hierarchical and ring")
+    return _with_and_without(on, pcfg, timeout_s, device)
+
+
+def _with_and_without(on: Sequence[ShardingPlan], pcfg: Mapping[str, Any], timeout_s: float, device: str) -> list[dict[str, Any]]:
+    """Each plan measured as is and with flat collectives: data-file entries."""
+    measured = measure_plans([*on, *map(flat, on)], steps=pcfg["steps"], warmup=pcfg["warmup"], timeout_s=timeout_s, device=device)
     return [{"plan": p.to_dict(), "cpu_ms": [r.cpu_ms for r in m_on.ranks], "cpu_ms_flat": [r.cpu_ms for r in m_off.ranks]}
             for p, m_on, m_off in zip(on, measured[:len(on)], measured[len(on):])]
 
@@ -197,12 +228,12 @@ def flat(p: ShardingPlan) -> ShardingPlan:
     return replace(p, topology=replace(p.topology, reduce_in_host=False))
 
 
-def host_reduce_pairs(data: Mapping[str, Any]) -> list[tuple[Sample, Sample]]:
-    """(with, without the in-host reduction) samples of each measured host_reduce layout."""
+def host_reduce_pairs(data: Mapping[str, Any], key: str = "host_reduce") -> list[tuple[Sample, Sample]]:
+    """(with, without the in-host reduction / hierarchy) samples of each measured ``key`` layout ("host_reduce", "dp_hier")."""
     out = []
-    for entry in data.get("host_reduce", []):
+    for entry in data.get(key, []):
         p = ShardingPlan.from_dict(entry["plan"])
-        out.append((Sample(p, tuple(entry["cpu_ms"]), "host_reduce"), Sample(flat(p), tuple(entry["cpu_ms_flat"]), "host_reduce")))
+        out.append((Sample(p, tuple(entry["cpu_ms"]), key), Sample(flat(p), tuple(entry["cpu_ms_flat"]), key)))
     return out
 
 
@@ -229,11 +260,11 @@ def fit_data(data: Mapping[str, Any]) -> Fit:
     one_host = {"inter_host_gb_per_s": 1.0 / (DEVICE_DEFAULTS[device]["inter_host_gb_per_s"] * 1e6), "inter_host_collective_ms": 0.0}
     if not any(r["kind"] == "allreduce" for r in data.get("kernels", [])):  # measured before the allreduce points
         fixed["dp_dense_gb_per_s"] = 1.0 / (DEVICE_DEFAULTS[device]["dp_dense_gb_per_s"] * 1e6)
-    samples, pairs = samples_of(data), host_reduce_pairs(data)
+    samples, pairs, hier = samples_of(data), host_reduce_pairs(data), host_reduce_pairs(data, "dp_hier")
     if not crossed_hosts(data):
-        return fit(samples, collectives, {**fixed, **one_host}, pairs)
+        return fit(samples, collectives, {**fixed, **one_host}, pairs, hier)
     in_host = [r for r in collectives if r.get("local_world_size", r["world_size"]) >= r["world_size"]]
-    host = fit(samples, in_host, {**fixed, **one_host}, pairs).theta
+    host = fit(samples, in_host, {**fixed, **one_host}, pairs, hier).theta
     return fit(samples, collectives, {t: v for t, v in host.items() if t not in one_host})
 
 
@@ -273,6 +304,9 @@ def profile_yaml(topology: Topology, data: Mapping[str, Any], result: Fit, comma
         f"# host_reduce_* (the in-host reduction's CPU work) fitted on {len(data['host_reduce'])} layouts on {HOST_REDUCE_RANKS} local ranks "
         "as 2 hosts, each run with and without it." if data.get("host_reduce") else
         "# host_reduce_* are 0: no layout was measured with and without the in-host reduction (plans.host_reduce_plans).",
+        f"# dp_hier_* (the hierarchical all-reduce's CPU work) fitted on {len(data['dp_hier'])} data-parallel layouts on {HOST_REDUCE_RANKS} "
+        "local ranks as 2 hosts, each all-reduced hierarchically and with one ring." if data.get("dp_hier") else
+        "# dp_hier_* are 0: no layout was all-reduced hierarchically and with one ring (plans.dp_hier_plans).",
         f"# inter_host_gb_per_s and inter_host_collective_ms fitted on {crossed_hosts(data)} hosts (wall time of collectives between "
         "them; inter-host latency per peer = collective_ms + inter_host_collective_ms)." if crossed_hosts(data) else
         f"# inter_host_gb_per_s is not measured on one host (the {data.get('device', 'cpu')} default; run under torchrun on "

@@ -13,7 +13,9 @@ Sequence-only terms are fitted afterwards on the sequence samples, the shared te
 so the slower sequence paths cannot pull the pooled terms.
 
 The in-host reduction's terms (HOST_REDUCE_TERMS) are fitted last (`host_reduce_fit`), on layouts run on
-one host's ranks as 2+ hosts with and without the reduction: to what it adds to output dist.
+one host's ranks as 2+ hosts with and without the reduction: to what it adds to output dist. So are the
+hierarchical all-reduce's (DP_HIER_TERMS, `dp_hier_fit`), on data-parallel layouts run hierarchically and
+with one ring: to what it adds to the data-parallel all-reduce.
 
 Then the per-phase factors (Topology.PHASE_FACTORS) scale the microbenchmark terms to what
 the phases cost in whole steps on all ranks (measured plans): ranks running together share
@@ -37,10 +39,14 @@ import numpy as np
 from scipy.optimize import nnls
 
 from embshard.calibrate.measure import PHASES
+from embshard.planner.cost.allreduce import flat_total_ms, hierarchical_total_ms
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
+from embshard.planner.cost.traffic import wire_bytes
 from embshard.planner.plan import ShardingPlan
-from embshard.topology import CALIBRATED_TERMS, HOST_REDUCE_TERMS, PHASE_FACTORS, Topology
+from embshard.planner.types import ShardingType
+from embshard.specs import dp_allreduce_floats_per_row
+from embshard.topology import CALIBRATED_TERMS, DP_HIER_TERMS, HOST_REDUCE_TERMS, PHASE_FACTORS, Topology
 
 BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "dp_dense_gb_per_s")
 LINKS = ("intra_host_gb_per_s", "inter_host_gb_per_s")
@@ -162,7 +168,7 @@ def _nnls(samples: Sequence[Sample], phases: Sequence[str], collectives: Sequenc
 
 
 def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed: dict[str, float] | None = None,
-        host_reduce: Sequence[tuple[Sample, Sample]] = ()) -> Fit:
+        host_reduce: Sequence[tuple[Sample, Sample]] = (), dp_hier: Sequence[tuple[Sample, Sample]] = ()) -> Fit:
     """Fit the terms on the microbenchmarks, then the per-phase factors on the plans.
 
     Terms (TERMS, except those in ``fixed``), on the kernel samples and the collectives, in
@@ -189,6 +195,9 @@ def fit(samples: Sequence[Sample], collectives: Sequence[dict[str, Any]], fixed:
     free = [t for t in HOST_REDUCE_TERMS if t not in fixed]
     if host_reduce and free:
         theta = host_reduce_fit(host_reduce, theta, factors, free)
+    free = [t for t in DP_HIER_TERMS if t not in fixed]
+    if dp_hier and free:
+        theta = dp_hier_fit(dp_hier, theta, factors, free)
     return Fit(theta, factors, fit_errors(samples, collectives, theta, factors))
 
 
@@ -219,6 +228,40 @@ def host_reduce_fit(pairs: Sequence[tuple[Sample, Sample]], theta: dict[str, flo
             for ph in HOST_REDUCE_PHASES:
                 X.append([getattr(u[r], ph) * factors["output_dist_factor"] * w for u in units])
                 y.append(((m_on[ph] - m_off[ph]) - (getattr(pred_on[r], ph) - getattr(pred_off[r], ph))) * w)
+    coef, _ = nnls(np.array(X), np.array(y))
+    return {**theta, **{t: float(c) for t, c in zip(free, coef)}}
+
+
+def dp_allreduce_bytes(plan: ShardingPlan) -> list[float]:
+    """Bytes each data-parallel table of ``plan`` trained by all-reduce puts in the buffer, on the wire, as
+    `embshard.planner.cost.perf.allreduce_perf` prices it (per table)."""
+    by_name, topo = {s.name: s for s in plan.specs}, plan.topology
+    return [by_name[t.name].num_embeddings * dp_allreduce_floats_per_row(by_name[t.name].optimizer, by_name[t.name].embedding_dim)
+            * wire_bytes(topo, "dp_allreduce") for t in plan.tables
+            if t.sharding_type is ShardingType.DATA_PARALLEL and (t.data_parallel_mode or topo.data_parallel_mode) == "allreduce"]
+
+
+def dp_hier_fit(pairs: Sequence[tuple[Sample, Sample]], theta: dict[str, float], factors: dict[str, float],
+                free: Sequence[str] = DP_HIER_TERMS) -> dict[str, float]:
+    """``theta`` with the hierarchical all-reduce's CPU terms fitted on (hierarchical, ring) pairs: one data-parallel
+    layout on 2+ hosts, measured with ``reduce_in_host`` on (the runtime all-reduces hierarchically) and off (one
+    ring). Measured on one host's ranks: the 'other hosts' are local ranks, their bytes and peers cost what intra-host
+    ones do. Non-negative least squares of the model's extra dp_allreduce time of the hierarchy over the ring (per
+    table, under dp_allreduce_factor) to the measured extra, per rank, relative to the rank's hierarchical dp_allreduce."""
+    local = {**theta, "inter_host_gb_per_s": theta["intra_host_gb_per_s"], "inter_host_collective_ms": 0.0, **dict.fromkeys(DP_HIER_TERMS, 0.0)}
+    f = factors["dp_allreduce_factor"]
+    X, y = [], []
+    for on, off in pairs:
+        p = on.plan
+        assert p.topology.reduces_in_host and not off.plan.topology.reduce_in_host, "pairs are (hierarchical, ring)"
+        topo = to_topology(p.topology, local)
+        sizes = dp_allreduce_bytes(p)
+        model_extra = f * sum(hierarchical_total_ms(b, topo) - flat_total_ms(b, topo) for b in sizes)
+        units = {"dp_hier_ns_per_byte": f * sum(sizes) * 1e-6, "dp_hier_call_ms": f * len(sizes)}
+        for m_on, m_off in zip(on.measured, off.measured):
+            w = 1.0 / (m_on["dp_allreduce_ms"] + FLOOR_MS)
+            X.append([units[t] * w for t in free])
+            y.append(((m_on["dp_allreduce_ms"] - m_off["dp_allreduce_ms"]) - model_extra) * w)
     coef, _ = nnls(np.array(X), np.array(y))
     return {**theta, **{t: float(c) for t, c in zip(free, coef)}}
 

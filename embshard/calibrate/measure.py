@@ -15,9 +15,11 @@ kernels' backward nodes (and the allreduce-mode replicas' `_LocalLookup`: their 
 and update, embshard.runtime.dense_replicas) are lookup_bwd; the collectives' backward nodes are output_dist_bwd:
 the sharded tables' all-to-all (`_AllToAll`) and the data-parallel replicas' exchange of
 every rank's pooled gradients (`_LocalPart`, embshard.runtime.comm.local_part), which the
-cost model charges to output_dist_bwd too (replicated_lookup_perf); collectives run inside a
-lookup backward node count as dp_allreduce (timed by wrapping torch.distributed's
-collectives in the measuring process). Backward work outside those nodes (output assembly)
+cost model charges to output_dist_bwd too (replicated_lookup_perf); the data-parallel replicas'
+backward in "allreduce" mode (`_LocalLookup`, embshard.runtime.dense_replicas: dense gradients, the
+optimizer) is lookup_bwd, as allreduce_perf prices it; collectives run inside a lookup backward node
+count as dp_allreduce (timed by wrapping torch.distributed's collectives, and the hierarchical
+all-reduce whole with its copies and sums, in the measuring process). Backward work outside those nodes (output assembly)
 counts as output_dist_bwd. The step is forward + backward of the
 collections; the harness's own work (batches, gradient seeds, hooks) is not counted.
 
@@ -88,6 +90,7 @@ class PhaseClock:
         self.cpu: dict[str, float] = defaultdict(float)
         self.wall: dict[str, float] = defaultdict(float)
         self.in_lookup_bwd = False  # set while a lookup backward node runs
+        self.in_sync = False  # set while a timed collective runs (those it calls are not timed again)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -109,7 +112,7 @@ class PhaseClock:
 
 # backward node (class name fragment) -> phase
 BACKWARD_NODES = {"LookupFunction": "lookup_bwd_ms", "_TorchLookup": "lookup_bwd_ms",  # FBGEMM / torch lookup kernels
-                  "_LocalLookup": "lookup_bwd_ms",  # allreduce-mode replicas: dense gradients, their all-reduce, dense update
+                  "_LocalLookup": "lookup_bwd_ms",  # data-parallel replicas ("allreduce" mode): their update and all-reduce
                   "_AllToAll": "output_dist_bwd_ms",  # sharded tables' embedding gradients back to the holders
                   "_LocalPart": "output_dist_bwd_ms"}  # data-parallel replicas: every rank's gradients to every replica
 
@@ -151,28 +154,35 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 @contextmanager
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
-    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor) as dp_allreduce_ms: torch.distributed's
-    functions are wrapped in this process while a lookup backward node runs."""
+    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, and the hierarchical all-reduce whole: its copies and sums
+    too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs."""
     import torch.distributed as dist
 
-    names = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")
-    originals = {n: getattr(dist, n) for n in names}
+    from embshard.runtime import wire
+
+    targets = [*((dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")),
+               (wire, "hierarchical_all_reduce")]
+    originals = [(module, n, getattr(module, n)) for module, n in targets]
 
     def wrap(fn):
         def timed(*args, **kwargs):
-            if not clock.in_lookup_bwd:
+            if not clock.in_lookup_bwd or clock.in_sync:
                 return fn(*args, **kwargs)
-            with clock.phase("dp_allreduce_ms"):
-                return fn(*args, **kwargs)
+            clock.in_sync = True
+            try:
+                with clock.phase("dp_allreduce_ms"):
+                    return fn(*args, **kwargs)
+            finally:
+                clock.in_sync = False
         return timed
 
-    for n, fn in originals.items():
-        setattr(dist, n, wrap(fn))
+    for module, n, fn in originals:
+        setattr(module, n, wrap(fn))
     try:
         yield
     finally:
-        for n, fn in originals.items():
-            setattr(dist, n, fn)
+        for module, n, fn in originals:
+            setattr(module, n, fn)
 
 
 def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int = 0, num_batches: int = 3,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Sequence
 
-from embshard.planner.api import manual_plan
+from embshard.planner.api import evaluate, manual_plan
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import ShardingType
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, dp_allreduce_floats_per_row
 from embshard.topology import Topology
 
 if TYPE_CHECKING:
@@ -103,3 +103,19 @@ def host_reduce_plan(specs: Sequence[TableSpec], topology: Topology, seed: int) 
             host = rng.randrange(W // L)
             layout[spec.name] = (ShardingType.TABLE_ROW_WISE, list(range(host * L, (host + 1) * L)))
     return manual_plan(specs, topology, layout)
+
+
+def dp_hier_plan(specs: Sequence[TableSpec], topology: Topology, seed: int, max_buffer_bytes: float = 16e6) -> ShardingPlan:
+    """A random data-parallel layout for the hierarchical all-reduce: 1..all of the pooled ``specs``, every one
+    data-parallel and trained by all-reduce (whichever mode is cheaper), rows scaled so that their
+    gradient buffer is a random size up to max_buffer_bytes (fp32). ``topology`` has two or more hosts."""
+    import dataclasses
+
+    rng = random.Random(seed)
+    pooled = [s for s in specs if s.pooled]
+    chosen = pooled[:rng.randint(1, len(pooled))]
+    per_table = rng.uniform(0.05, 1.0) * max_buffer_bytes / len(chosen)
+    scaled = [dataclasses.replace(s, num_embeddings=max(64, int(per_table / (4 * dp_allreduce_floats_per_row(s.optimizer, s.embedding_dim)))))
+              for s in chosen]
+    p = manual_plan(scaled, topology, {s.name: (ShardingType.DATA_PARALLEL, range(topology.world_size)) for s in scaled})
+    return evaluate(p.specs, topology, [dataclasses.replace(t, data_parallel_mode="allreduce") for t in p.tables])

@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 TINY = ["kernels.dims=[16]", "kernels.rows=[1000]", "kernels.batches=[64]", "kernels.poolings=[2]", "kernels.sequence=false",
         "kernels.dp_max_rows=1000", "kernels.steps=1", "kernels.warmup=1", "collectives.world_sizes=[2]",
         "collectives.sizes_bytes=[1000,100000]", "collectives.reps=1", "collectives.warmup=0", "plans.world_sizes=[2]",
-        "plans.num_plans=1", "plans.num_tables=3", "plans.max_rows=2000", "plans.steps=1", "plans.warmup=1", "plans.host_reduce_plans=0", "timeout_s=240"]
+        "plans.num_plans=1", "plans.num_tables=3", "plans.max_rows=2000", "plans.steps=1", "plans.warmup=1", "plans.host_reduce_plans=0", "plans.dp_hier_plans=0", "timeout_s=240"]
 TABLES = """# @package _global_
 tables:
   - {name: a, num_embeddings: 3000, embedding_dim: 16, pooling_factor: 4.0}

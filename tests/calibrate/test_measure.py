@@ -35,6 +35,47 @@ def test_replicas_gradient_exchange_counts_as_output_dist_backward():
     assert clock.wall["output_dist_bwd_ms"] >= 0.01 and "lookup_bwd_ms" not in clock.wall
 
 
+class _LocalLookup(torch.autograd.Function):
+    """Stands in for embshard.runtime.dense_replicas._LocalLookup: backward updates the replicas (10 ms) and
+    all-reduces their gradients hierarchically (as embshard.runtime.wire does, through the module's name)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        from embshard.runtime import wire
+
+        time.sleep(0.01)
+        wire.hierarchical_all_reduce(grad, None)
+        return grad
+
+
+def test_replicas_update_is_lookup_backward_and_their_all_reduce_dp_allreduce_hierarchy_whole(monkeypatch):
+    """The allreduce mode's backward node is lookup backward (as allreduce_perf prices it), not output dist; the
+    hierarchical all-reduce inside it counts whole (its own copies, 10 ms, and its collectives, 30 ms, once) as dp_allreduce."""
+    import torch.distributed as dist
+
+    from embshard.runtime import wire
+
+    def hierarchy(x, hosts):
+        time.sleep(0.01)
+        dist.all_reduce(x)
+
+    monkeypatch.setattr(dist, "all_reduce", lambda x, group=None: time.sleep(0.03))
+    monkeypatch.setattr(wire, "hierarchical_all_reduce", hierarchy)
+    x = torch.ones(4, requires_grad=True)
+    y = _LocalLookup.apply(x)
+    clock = PhaseClock()
+    assert instrument_backward([y], clock) == 1
+    with measure.timed_replica_sync(clock):
+        y.backward(torch.ones(4))
+    assert wire.hierarchical_all_reduce is hierarchy  # unwrapped again
+    dp, lookup = clock.wall["dp_allreduce_ms"], clock.wall["lookup_bwd_ms"]
+    assert 0.04 <= dp < 0.065 and lookup >= dp + 0.01 and "output_dist_bwd_ms" not in clock.wall
+
+
 def test_rounds_alternate_the_order_and_come_back_per_plan(monkeypatch):
     topo = Topology(world_size=2, local_world_size=2, hbm_gib=1, device="cpu")
     plans = [manual_plan([TableSpec("t", 100 * (i + 1), 8, 1.0)], topo, {"t": ("table_wise", [0])}) for i in range(3)]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from embshard.planner import evaluate, manual_plan
-from embshard.planner.cost.allreduce import (flat_allreduce_ms, hierarchical_allreduce, hierarchical_allreduce_ms,
+from embshard.planner.cost.allreduce import (collective_fixed_ms, flat_allreduce_ms, hierarchical_allreduce, hierarchical_allreduce_ms,
                                              runtime_allreduce_ms)
 from embshard.specs import TableSpec
 from embshard.topology import Topology
@@ -59,3 +59,32 @@ def test_hierarchical_bytes_cross_hosts_once_per_local_share():
     flat = evaluate(specs, replace(topo, reduce_in_host=False), tables)
     assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4] * 2
     assert sum(t.inter_host_sent for t in flat.traffic) == 1.75 * sum(t.inter_host_sent for t in hier.traffic)
+
+
+# The cpu_gloo_measured profile on 2 hosts x 2 ranks, inter-host 0.5 GB/s (the schema-9 fixture's topology, as
+# benchmarks/plans_multihost.py plans for a 2 Gbit/s link) and the hierarchy's CPU work fitted on top of it
+# (embshard.calibrate.fit.dp_hier_fit): 3 data-parallel layouts of 5.4-10.6 MB on 4 local ranks as 2 hosts x 2,
+# 2026-12-01, 2-core Xeon under load ~4.9: dp_allreduce per rank 27-39 ms hierarchical against 9-13 ms by the ring at 10.6 MB.
+MEASURED_DP_HIER = dict(dp_hier_ns_per_byte=0.431, dp_hier_call_ms=0.652)
+
+
+def test_measured_cpu_work_of_the_hierarchy_makes_the_ring_the_choice():
+    """With the hierarchy's CPU work as measured, one ring is cheaper on 2 hosts x 2 CPU ranks at every size (the
+    runtime, which asks the same function, runs it), and the plan's price and predicted bytes follow; without it
+    (older profiles) the hierarchy stays the choice."""
+    from pathlib import Path
+
+    from embshard.planner.plan import ShardingPlan
+
+    base = ShardingPlan.load(Path(__file__).parent / "data" / "plan_v9.json").topology
+    measured = replace(base, **MEASURED_DP_HIER)
+    for size in (0.1 * MB, 10 * MB, 100 * MB):
+        assert hierarchical_allreduce(size, base) and not hierarchical_allreduce(size, measured)
+        assert runtime_allreduce_ms(size, measured) == flat_allreduce_ms(size, measured) + collective_fixed_ms(measured, 2)
+    specs = [TableSpec(f"t{i}", 20_000, 64) for i in range(2)]  # about 5 MB of gradients each
+    tables = [replace(t, data_parallel_mode="allreduce")
+              for t in manual_plan(specs, base, {s.name: ("data_parallel", ()) for s in specs}).tables]
+    old, new = evaluate(specs, base, tables), evaluate(specs, measured, tables)
+    ring = evaluate(specs, replace(measured, reduce_in_host=False), tables)
+    assert [r.perf.dp_allreduce_ms for r in new.ranks] == pytest.approx([r.perf.dp_allreduce_ms for r in ring.ranks], rel=1e-12)
+    assert new.traffic == ring.traffic and sum(t.inter_host_sent for t in new.traffic) > sum(t.inter_host_sent for t in old.traffic)

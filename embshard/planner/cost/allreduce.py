@@ -5,8 +5,8 @@ all-reduce of that share across hosts among the ranks of the same local index, a
 all-gather inside the host (embshard.runtime.comm.hierarchical_all_reduce). Only 1/L of the
 buffer leaves each rank across hosts, against 2(W-1)/W of it through one rank per host in
 the ring. Time per link class of both, and which one the runtime runs
-(`hierarchical_allreduce`: the faster by this model; the runtime and the traffic model
-both ask it). No torch here.
+(`hierarchical_allreduce`: the faster by this model, the hierarchy's calibrated CPU work
+``dp_hier_*`` included; the runtime and the traffic model both ask it). No torch here.
 """
 
 from __future__ import annotations
@@ -51,25 +51,35 @@ def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
 
 def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
     """What the hierarchy costs beyond moving bytes: fixed costs of two all-to-alls among the L ranks of a
-    host and of a ring (2 steps per peer) among H ranks on other hosts; and its own copies (summing the
+    host and of a ring (2 steps per peer) among H ranks on other hosts; its own copies (summing the
     received parts, the all-gather's input and result: 3 x the buffer) at the calibrated per-byte copy
-    cost (dist_ns_per_byte), which gloo's ring does inside its one call."""
+    cost (dist_ns_per_byte), which gloo's ring does inside its one call; and the CPU work measured beyond
+    all that (calibrated, 0 in the datasheet model: ``dp_hier_ns_per_byte`` of the buffer, ``dp_hier_call_ms``
+    per call; fitted on layouts run hierarchically and flat, embshard.calibrate.fit.dp_hier_fit)."""
     L, H = topo.local_world_size, topo.num_hosts
     fixed = 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
-    return fixed + 3 * num_bytes * topo.dist_ns_per_byte * 1e-6
+    return fixed + num_bytes * (3 * topo.dist_ns_per_byte + topo.dp_hier_ns_per_byte) * 1e-6 + topo.dp_hier_call_ms
+
+
+def hierarchical_total_ms(num_bytes: float, topo: Topology) -> float:
+    """The hierarchy's time with its fixed costs, copies and calibrated CPU work."""
+    return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
+
+
+def flat_total_ms(num_bytes: float, topo: Topology) -> float:
+    """The ring's time with its fixed costs (two steps per peer)."""
+    return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)
 
 
 def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
     """Does the runtime all-reduce num_bytes hierarchically: ranks on two or more hosts, two or more
-    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs and copies included)."""
+    per host, ``topology.reduce_in_host`` on, and predicted faster than the ring (fixed costs, copies and the
+    hierarchy's calibrated CPU work included)."""
     if not topo.reduces_in_host or topo.local_world_size == 1:
         return False
-    return (hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
-            < flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2))
+    return hierarchical_total_ms(num_bytes, topo) < flat_total_ms(num_bytes, topo)
 
 
 def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     """Time of the all-reduce the runtime runs for num_bytes, fixed costs (and the hierarchy's copies) included."""
-    if hierarchical_allreduce(num_bytes, topo):
-        return hierarchical_allreduce_ms(num_bytes, topo) + _hierarchical_extra_ms(num_bytes, topo)
-    return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2)
+    return (hierarchical_total_ms if hierarchical_allreduce(num_bytes, topo) else flat_total_ms)(num_bytes, topo)
