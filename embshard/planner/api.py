@@ -64,7 +64,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. With
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
     size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), and then gives the HBM
-    it left to those tables' caches where no rank's time rises (embshard.planner.search.caches). The
+    it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).

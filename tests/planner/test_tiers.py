@@ -289,3 +289,30 @@ def test_spare_hbm_goes_to_the_caches_at_no_cost_in_time():
             grown = [replace(u, shards=(bigger,)) if u is t else u for u in p.tables]
             with pytest.raises(PlanInfeasibleError, match="exceed"):
                 evaluate(specs, topo, grown)
+
+
+def test_a_cache_on_a_full_rank_moves_to_idle_hbm_elsewhere_without_lifting_the_maximum():
+    """A 1% cache of t0 sits with t1 (in HBM) on rank 0, whose HBM is full; rank 1 is empty. The old pass grew
+    caches on their own ranks only and left t0 at 1%; t0 now moves to rank 1 at a better tier (HBM or the
+    largest cache that fits), and no rank ends above the maximum it had."""
+    from embshard.planner.search.caches import grow_caches
+    from embshard.planner.search.problem import RankState, build_problem
+    specs, topo, constraints = _over_hbm()
+    specs = specs[:2]
+    problem = build_problem(tuple(specs), topo, constraints)
+    state = RankState(problem)
+
+    def pick(ui: int, location: Location, fraction: float = 0.0) -> int:
+        return next(ci for ci, cv in enumerate(problem.units[ui].cands)
+                    if cv.cand[0].location is location and cv.cand[0].cache_fraction == fraction)
+
+    state.add(0, pick(0, Location.UVM_CACHE, CACHE_FRACTIONS[0]), (0,))
+    state.add(1, pick(1, Location.HBM), (0,))
+    before = max(state.costs())
+    moved, finished = grow_caches(state)
+    assert finished and moved >= 1
+    ci, ranks = state.choice[0]
+    cand = problem.units[0].cands[ci].cand[0]
+    assert ranks == (1,) and (cand.location is Location.HBM or cand.cache_fraction > CACHE_FRACTIONS[0])
+    assert max(state.costs()) <= before + 1e-9
+    assert state.choice[1] == (pick(1, Location.HBM), (0,))
