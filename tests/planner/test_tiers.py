@@ -316,3 +316,26 @@ def test_a_cache_on_a_full_rank_moves_to_idle_hbm_elsewhere_without_lifting_the_
     assert ranks == (1,) and (cand.location is Location.HBM or cand.cache_fraction > CACHE_FRACTIONS[0])
     assert max(state.costs()) <= before + 1e-9
     assert state.choice[1] == (pick(1, Location.HBM), (0,))
+
+
+def test_greedy_keeps_hbm_for_the_small_tables_a_full_rank_would_strand():
+    """Two tables that may go to host memory, each just fitting one rank's HBM, then three small ones that may
+    not (under FINEST_BLOCK of a rank). In all, both big ones in HBM leave room for the small ones, but only
+    1.5 small tables' worth per rank: the old pass put both in HBM and found no rank for the third small table
+    (Unplaceable); with host memory the pass now keeps a largest later shard per rank free, and caches one."""
+    from embshard.planner.search.greedy import default_order, greedy
+    from embshard.planner.search.problem import build_problem
+    topo = Topology(world_size=2, local_world_size=2, hbm_gib=1.0, batch_size_per_rank=256, ddr_gib=2.0)
+
+    def problem(big_rows: int):
+        specs = ([TableSpec(f"big{i}", big_rows, 64, pooling_factor=4.0, hot_rows=((0.01, 0.5), (0.05, 0.8), (0.2, 0.95)))
+                  for i in range(2)] + [TableSpec(f"small{i}", 50_000, 64) for i in range(3)])
+        return build_problem(tuple(specs), topo, Constraints(tables={s.name: TableConstraint((TW,)) for s in specs}))
+
+    sizing = problem(1_000_000)
+    small = min(sum(cv.shard_mem) for cv in sizing.units[2].cands)
+    per_row = max(cv.shard_mem[0] for cv in sizing.units[0].cands if cv.cand[0].location is Location.HBM) / 1_000_000
+    p = problem(int((sizing.cap_bytes - 1.5 * small) / per_row))
+    state = greedy(p, default_order(p))
+    locations = sorted(p.units[ui].cands[ci].cand[0].location.value for ui, (ci, _) in enumerate(state.choice))
+    assert locations == ["hbm"] * 4 + ["uvm_cache"]
