@@ -1,7 +1,7 @@
 """Spare HBM to caches: after the search, move each table kept out of HBM (``uvm_cache`` or
 ``host``) to the best tier the HBM left allows: whole into HBM, else the largest offered cache
-share (`tiers.CACHE_FRACTIONS`), on its own ranks or others, in any layout the table is offered,
-as long as no rank's time goes above the plan's maximum.
+share (`tiers.CACHE_FRACTIONS`), in the same layout on its own ranks or others, as long as no
+rank's time goes above the plan's maximum.
 
 The search minimises the slowest rank's time and stops at its cheapest plan; what the tables
 out of HBM get off the slowest rank is whatever the greedy placement left them, and ranks with
@@ -23,6 +23,11 @@ from embshard.planner.search.problem import CandVec, RankState
 from embshard.planner.types import Location
 
 EPS = 1e-9
+
+
+def _layout(cv: CandVec) -> tuple:
+    """What a tier change keeps: each member's type, blocks and hot set (the ranks may change)."""
+    return tuple((c.sharding_type, c.row_spans, c.col_spans, c.hot_rows) for c in cv.cand)
 
 
 def _tier(cv: CandVec) -> tuple[int, float]:
@@ -54,7 +59,8 @@ def _grow_pass(state: RankState, deadline: float) -> tuple[int, bool]:
         ci, ranks = state.choice[ui]
         unit = units[ui]
         here = _tier(unit.cands[ci])
-        better = [cj for cj, cv in enumerate(unit.cands) if _tier(cv) > here]
+        layout = _layout(unit.cands[ci])
+        better = [cj for cj, cv in enumerate(unit.cands) if _tier(cv) > here and _layout(cv) == layout]
         if not better:
             continue
         ceiling = max(state.costs()) + EPS
