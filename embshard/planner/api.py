@@ -141,7 +141,8 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
     """Greedy + local search from two starts (replicate-first, and plain); keep the faster plan.
 
     The starts share half the time left; replicate-first goes first. The second start is
-    skipped when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
+    skipped when its greedy pass places every table as the first's did (on criteo_tb_measured the
+    plain pass replicates the same tables), when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
     pass would not fit the time left, or when the first start's local search is still
     improving at the end of its share (it then goes on until the search deadline). Past the
     deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
@@ -154,6 +155,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
     if replicate:  # first: on many ranks the requester side it saves dominates, and the second start may not fit the time
         starts.insert(0, ("replicate-first greedy", replicate))
     deadline = time.perf_counter() + clock.left_s() / 2
+    started = set()  # the greedy placements polished so far
     for i, (name, replicate) in enumerate(starts):
         if best_obj <= good_enough:
             break
@@ -167,8 +169,9 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
             state = None
         took = clock.lap("greedy")
         greedy_s = greedy_s or took
-        if state is None:
+        if state is None or tuple(state.choice) in started:  # the same start polishes to the same plan
             continue
+        started.add(tuple(state.choice))
         now = time.perf_counter()
         ls_deadline = now + (deadline - now) / (len(starts) - i)
         if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it
