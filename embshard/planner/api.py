@@ -25,7 +25,7 @@ from embshard.planner.cost.storage import data_parallel_storage, holder_storage,
 from embshard.planner.cost.tiers import cache_rows
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
-from embshard.planner.search.caches import grow_caches
+from embshard.planner.search.caches import grow_caches, tiers_first
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
@@ -63,7 +63,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. With
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
-    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), and then gives the HBM
+    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), from one more start
+    that places the tables that may leave HBM out of it first (`tiers_first`), and then gives the HBM
     it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
@@ -97,6 +98,14 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     clock.lap("bound")
     good_enough = bound * (1 + GOOD_ENOUGH_GAP)
     state, method, greedy_s = _best_start(problem, clock, good_enough)
+    if problem.host_cap_bytes and max(state.costs()) > good_enough:  # tables may leave HBM: also start from there
+        if clock.left_s() > 2 * greedy_s:
+            tiered = tiers_first(problem, clock.search_deadline)
+            clock.lap("tiers_first")
+            if tiered is not None and max(tiered[0].costs()) < max(state.costs()):
+                state, method = tiered[0], f"tiers-first greedy+local_search({tiered[1]} steps)"
+        else:
+            clock.skip("tiers-first start (out of time)")
     packed, rounds = None, 0
     if max(state.costs()) > good_enough and clock.left_s() < greedy_s:  # a packing round costs about one greedy pass
         clock.skip("target packing (out of time)")
