@@ -191,24 +191,27 @@ the share of rows it touched (criteo_tb_measured's big tables: 100% at 1% of the
 `embshard-stats` now keeps the rows seen 10+ times as measured and spreads the other lookups over the rest of the
 table by a power law fitted to how many distinct rows they touched (embshard/stats/tail.py: cat_19 87.9% at 1% of
 48.9M rows, the stream 88.0%), and writes the curve at the planner's cache sizes too (5%, 20%). With true curves a
-cache's share matters to embshard's model, and three things in the search showed: a local search going round a
-2-cycle of re-shards for 100 steps (criteo_tb_measured 1.8 CPU s, now stopped where a placement repeats), a greedy
-pass filling HBM to the byte so that small tables fit no rank (the 2,000-table set was infeasible; a largest later
-shard per rank is now kept free), and 1% caches on full ranks beside ranks with idle HBM: after the search,
-tables out of HBM move to better tiers on any ranks where no rank goes above the plan's maximum (caches.py; on
-`--quick`'s 100 tables embshard's objective stays 0.749 ms and TorchRec's model of the same plan falls from 5.23 to
-2.63 ms; TorchRec's plan about 2.6 ms).
+cache's share matters to embshard's model, and four things in the search showed (h14's commits): a local search
+going round a 2-cycle of re-shards for 100 steps (criteo_tb_measured 1.8 CPU s; it now stops where a placement
+repeats); a greedy pass filling HBM to the byte so that small tables fit no rank (the 2,000-table set was
+infeasible; a largest later shard per rank is now kept free); the greedy start putting the big tables in HBM and
+polishing into a local minimum (criteo_tb_measured 0.675 ms, 10.8 ms under TorchRec's model, one table-wise 5%
+cache; a start that places the tables that may leave HBM out of it first reaches 0.641 ms, 3.86 ms); and 1% caches
+on full ranks beside ranks with idle HBM (tables out of HBM now move to better tiers on any ranks where no rank
+goes above the plan's maximum: on a 100-table set at 8 ranks, TorchRec's model of the same plan fell from 5.23 to
+2.63 ms at the same 0.749 ms under embshard's). `--quick` at h14: criteo_tb_measured 0.370 / 0.470 (es / tr model
+ratios), its 100 generated tables 0.615 / 1.584: where HBM is short the models part ways, as below.
 
 What remains is the models' disagreement where HBM is short (the 2,000-table set). embshard's memory model leaves
 64 x 6.59 GiB = 422 GiB of HBM for shards (HBM less the reserve and 0.61 GiB of output buffers a rank) for 594 GiB
 of weights and optimizer state, so at least 172 GiB stay in host memory; TorchRec counts fewer buffer bytes, keeps
 13 tables out of HBM and is over embshard's caps on 53 ranks. embshard's torchrec_compatible plan (the one TorchRec's
-model scores; planned at h14 with 15,000 measured samples) keeps 121 tables out of HBM, 31 of them with 1%
-caches, which its model prices at 27.6 ms (misses are a few percent of lookups) and TorchRec's at 199 ms on the
-slowest rank; the mean over ranks under TorchRec's model, 79 ms, is already above TorchRec's own plan's maximum
-(62 ms), so no re-placement of those tiers meets the target; it would need fewer bytes out of HBM than embshard's
-memory caps allow, or caches sized by TorchRec's uniform-ids price, which is not embshard's model. Which model is
-right about cached lookups needs the kernels on a GPU.
+model scores; planned at h14 with 15,000 measured samples, two runs) keeps 120 to 121 tables out of HBM, 31 to 39
+of them with 1% caches, which its model prices at 27.6 to 27.9 ms (misses are a few percent of lookups) and
+TorchRec's at 175 to 199 ms on the slowest rank; the mean over ranks under TorchRec's model, 79 to 80 ms, is
+already above TorchRec's own plan's maximum (62 ms), so no re-placement of those tiers meets the target; it would
+need fewer bytes out of HBM than embshard's memory caps allow, or caches sized by TorchRec's uniform-ids price,
+which is not embshard's model. Which model is right about cached lookups needs the kernels on a GPU.
 """
 
 
