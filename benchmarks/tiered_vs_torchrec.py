@@ -8,7 +8,7 @@ Cases (neither fits the cluster's HBM; host memory for tables `--ddr-gib` per ra
   `embshard-stats` measured on the synthetic Criteo stream) on 8 ranks x 8 GiB of HBM;
 - generate_tables(2000, seed=0) with hot_rows measured here (embshard.stats.measure) from the
   synthetic stream with Zipf skew `--id-skew` (`--samples` of it, 15,000 by default: measuring takes
-  about 3 CPU ms per sample for the 2,000 tables), on 64 ranks x `--gen-hbm-gib` (default 8: the set's
+  about 3 CPU ms per sample for the 2,000 tables, 16,384 sketch rows a table), on 64 ranks x `--gen-hbm-gib` (default 8: the set's
   594 GiB of weights and optimizer state fit 64 x 16 GiB of HBM, so 16 would not test tiers).
 TorchRec plans the same topology (`to_torchrec_topology`: HBM, host memory as ddr_cap, ddr_gb_per_s
 as its HBM-to-DDR bandwidth), batch size, pooling factors and sharding types, with the compute
@@ -30,7 +30,7 @@ embshard's model at 2,000 tables), whose embshard-model cost is then given witho
 TorchRec's runs start
 together once the tables are measured and run beside embshard's (one process each; planning times
 are each process's CPU seconds). The full run takes about 9 minutes on a quiet 2-core machine (the
-pieces timed here, in CPU seconds: measuring 45, then TorchRec's child on the set up to its 480 s limit,
+pieces timed here, in CPU seconds: measuring 49 (1.5 GiB peak), then TorchRec's child on the set up to its 480 s limit,
 beside it criteo_tb_measured 15, embshard on the set 12, again torchrec_compatible 12 where TorchRec
 cannot run its plan, and TorchRec's estimate of embshard's plans 17 each).
 
@@ -70,8 +70,10 @@ COMMAND = ".venv/bin/python benchmarks/tiered_vs_torchrec.py --markdown benchmar
 
 def measured_tables(specs: tuple[TableSpec, ...], id_skew: float, num_samples: int) -> tuple[TableSpec, ...]:
     """specs with pooling factors and hot_rows measured from the synthetic stream (sketched counters:
-    memory bounded by the sketch size, not by the tables' rows)."""
-    stats = measure(specs, SyntheticConfig(id_skew=id_skew), num_samples, 1024, exact_max_rows=65_536, sketch_rows=4096)
+    memory bounded by the sketch size, not by the tables' rows; 16,384 sketch rows: about 0.6 GiB for
+    the 2,000-table set's 800 tables over 65,536 rows, and tails within about 0.03 of the stream's,
+    where 4,096 saw a handful of sampled rows of a 40M-row table and missed by 0.3; embshard/stats/tail.py)."""
+    stats = measure(specs, SyntheticConfig(id_skew=id_skew), num_samples, 1024, exact_max_rows=65_536, sketch_rows=16_384)
     return tuple(measured_spec(s, stats[s.name]) for s in specs)
 
 
@@ -174,29 +176,42 @@ def _f(v, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
-FINDING = """## Why TorchRec's model scored embshard's first tiered plans 3.2x worse (hand-written)
+FINDING = """## Where embshard's and TorchRec's models disagree on tiered plans (hand-written)
 
 The conversion is exact: TorchRec's cost model applied to TorchRec's own plan through `torchrec_estimate` gives its
-planner's rating (criteo_tb_measured: 8.20995 ms both); tiered shards export as `fused_uvm_caching` with
-`cache_load_factor` = cache rows / rows (`fused_uvm` in host memory), pooling factors and batch are the same. The
-models differ in how they price a cached lookup: TorchRec's EmbeddingPerfEstimator reads every row of a cached
-table at (load_factor x HBM bandwidth + (1 - load_factor) x HBM-to-host bandwidth) / 10, so its hit rate is the load
-factor (ids uniform) and even hits pay a 10x UVM penalty; embshard takes the hit rate from the table's measured
-`hot_rows` curve and prices only the misses (fetch and evict) at host bandwidth. The curves of criteo_tb's big
-tables reach 1.0 at 1% of their rows (a million samples touch fewer rows than that), so every cache share from 1%
-up cost embshard's model the same and its search kept 1% caches, leaving most of the HBM idle, while TorchRec read
-those tables at (0.01 x 1500 + 0.99 x 25) / 10 = 4.0 GB/s: 26.2 ms against its own plan's 8.2 ms (20% caches,
-row-split). Neither the conversion nor embshard's miss pricing was wrong; the search left HBM unused that costs
-nothing to give. Since then (`embshard/planner/search/caches.py`) spare HBM goes to the caches of tables out of HBM
-after the search, as far as each rank's HBM allows and no rank's time rises: the same plan at 20% caches costs
-embshard's model the same 0.607 ms and TorchRec's 3.88 ms. What remains different: a curve measured on fewer
-lookups than the table has rows overstates the hit rate of small caches (Zipf 1.1 over 45.8M rows gives 89% at 1%
-of them, the curve 100%), and TorchRec's model ignores skew altogether. The second is what separates the models
-where HBM is full (the generated sets): embshard's model spends HBM on other tables and keeps caches small, whose
-misses it prices at a fraction of TorchRec's price. That is not the sampling: planned with the synthetic stream's
-exact curves instead (`--quick`'s 100 generated tables on 8 ranks), embshard's plan costs 0.740 ms under its
-model, its torchrec_compatible plan (caches 3 x 20%, 3 x 5%, 2 x 1%) 0.745 ms and 4.30 ms under TorchRec's;
-TorchRec's plan 1.142 and 2.605 ms (6 x 20%). Which model is right about small caches needs the kernels on a GPU.
+planner's rating; tiered shards export as `fused_uvm_caching` with `cache_load_factor` = cache rows / rows
+(`fused_uvm` in host memory), pooling factors and batch are the same. The models differ in how they price a cached
+lookup: TorchRec's EmbeddingPerfEstimator reads every row of a cached table at (load_factor x HBM bandwidth +
+(1 - load_factor) x HBM-to-host bandwidth) / 10, so its hit rate is the load factor (ids uniform) and even hits pay
+a 10x UVM penalty; embshard takes the hit rate from the table's measured `hot_rows` curve and prices only the misses
+(fetch and evict) at host bandwidth.
+
+The curves were wrong where tables have more rows than the sample has lookups: the sample's own counts reach 1 at
+the share of rows it touched (criteo_tb_measured's big tables: 100% at 1% of their rows, where Zipf 1.1 gives 88%).
+`embshard-stats` now keeps the rows seen 10+ times as measured and spreads the other lookups over the rest of the
+table by a power law fitted to how many distinct rows they touched (embshard/stats/tail.py: cat_19 87.9% at 1% of
+48.9M rows, the stream 88.0%), and writes the curve at the planner's cache sizes too (5%, 20%). With true curves a
+cache's share matters to embshard's model, and four things in the search showed (h14's commits): a local search
+going round a 2-cycle of re-shards for 100 steps (criteo_tb_measured 1.8 CPU s; it now stops where a placement
+repeats); a greedy pass filling HBM to the byte so that small tables fit no rank (the 2,000-table set was
+infeasible; a largest later shard per rank is now kept free); the greedy start putting the big tables in HBM and
+polishing into a local minimum (criteo_tb_measured 0.675 ms, 10.8 ms under TorchRec's model, one table-wise 5%
+cache; a start that places the tables that may leave HBM out of it first reaches 0.641 ms, 3.86 ms); and 1% caches
+on full ranks beside ranks with idle HBM (tables out of HBM now move to better tiers on any ranks where no rank
+goes above the plan's maximum: on a 100-table set at 8 ranks, TorchRec's model of the same plan fell from 5.23 to
+2.63 ms at the same 0.749 ms under embshard's). `--quick` at h14: criteo_tb_measured 0.370 / 0.470 (es / tr model
+ratios), its 100 generated tables 0.615 / 1.584: where HBM is short the models part ways, as below.
+
+What remains is the models' disagreement where HBM is short (the 2,000-table set). embshard's memory model leaves
+64 x 6.59 GiB = 422 GiB of HBM for shards (HBM less the reserve and 0.61 GiB of output buffers a rank) for 594 GiB
+of weights and optimizer state, so at least 172 GiB stay in host memory; TorchRec counts fewer buffer bytes, keeps
+13 tables out of HBM and is over embshard's caps on 53 ranks. embshard's torchrec_compatible plan (the one TorchRec's
+model scores; planned at h14 with 15,000 measured samples, two runs) keeps 120 to 121 tables out of HBM, 31 to 39
+of them with 1% caches, which its model prices at 27.6 to 27.9 ms (misses are a few percent of lookups) and
+TorchRec's at 175 to 199 ms on the slowest rank; the mean over ranks under TorchRec's model, 79 to 80 ms, is
+already above TorchRec's own plan's maximum (62 ms), so no re-placement of those tiers meets the target; it would
+need fewer bytes out of HBM than embshard's memory caps allow, or caches sized by TorchRec's uniform-ids price,
+which is not embshard's model. Which model is right about cached lookups needs the kernels on a GPU.
 """
 
 

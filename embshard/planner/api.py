@@ -25,7 +25,7 @@ from embshard.planner.cost.storage import data_parallel_storage, holder_storage,
 from embshard.planner.cost.tiers import cache_rows
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
-from embshard.planner.search.caches import grow_caches
+from embshard.planner.search.caches import grow_caches, tiers_first
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
@@ -63,8 +63,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     dist, lookup forward, output dist) and memory (weights in each table's dtype, fp32 outputs;
     no optimizer state, gradients or backward buffers); the plan's ``search`` says so. With
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
-    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), and then gives the HBM
-    it left to those tables' caches where no rank's time rises (embshard.planner.search.caches). The
+    size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), from one more start
+    that places the tables that may leave HBM out of it first (`tiers_first`), and then gives the HBM
+    it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
@@ -97,6 +98,14 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     clock.lap("bound")
     good_enough = bound * (1 + GOOD_ENOUGH_GAP)
     state, method, greedy_s = _best_start(problem, clock, good_enough)
+    if problem.host_cap_bytes and max(state.costs()) > good_enough:  # tables may leave HBM: also start from there
+        if clock.left_s() > 2 * greedy_s:
+            tiered = tiers_first(problem, clock.search_deadline)
+            clock.lap("tiers_first")
+            if tiered is not None and max(tiered[0].costs()) < max(state.costs()):
+                state, method = tiered[0], f"tiers-first greedy+local_search({tiered[1]} steps)"
+        else:
+            clock.skip("tiers-first start (out of time)")
     packed, rounds = None, 0
     if max(state.costs()) > good_enough and clock.left_s() < greedy_s:  # a packing round costs about one greedy pass
         clock.skip("target packing (out of time)")
@@ -146,7 +155,8 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
     """Greedy + local search from two starts (replicate-first, and plain); keep the faster plan.
 
     The starts share half the time left; replicate-first goes first. The second start is
-    skipped when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
+    skipped when its greedy pass places every table as the first's did (on criteo_tb_measured the
+    plain pass replicates the same tables), when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
     pass would not fit the time left, or when the first start's local search is still
     improving at the end of its share (it then goes on until the search deadline). Past the
     deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
@@ -159,6 +169,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
     if replicate:  # first: on many ranks the requester side it saves dominates, and the second start may not fit the time
         starts.insert(0, ("replicate-first greedy", replicate))
     deadline = time.perf_counter() + clock.left_s() / 2
+    started = set()  # the greedy placements polished so far
     for i, (name, replicate) in enumerate(starts):
         if best_obj <= good_enough:
             break
@@ -172,8 +183,9 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[Ran
             state = None
         took = clock.lap("greedy")
         greedy_s = greedy_s or took
-        if state is None:
+        if state is None or tuple(state.choice) in started:  # the same start polishes to the same plan
             continue
+        started.add(tuple(state.choice))
         now = time.perf_counter()
         ls_deadline = now + (deadline - now) / (len(starts) - i)
         if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it

@@ -76,27 +76,36 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
         rows, cols = full_rows, full_cols
     if rows is None or cols is None:
         return None
-    costed: dict[tuple[int, int], ShardCost] = {}  # equal-sized blocks cost the same: compute once
+    shards = _shard_costs(spec, topo, stype, tuple(rows), tuple(cols), num_shards, inference, location, cache_fraction)
+    return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, phases(requester_perf(spec, topo, stype, num_shards)),
+                     Perf(), requester_storage(spec, topo, inference), location, cache_fraction)
+
+
+def _shard_costs(spec: TableSpec, topo: Topology, stype: ShardingType, rows: tuple, cols: tuple, num_shards: int,
+                 inference: bool, location: Location, cache_fraction: float) -> tuple[ShardCost, ...]:
+    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once)."""
+    phases = forward_only if inference else (lambda p: p)
+    costed: dict[tuple[int, int], ShardCost] = {}
     for _, n in rows:
         for _, d in cols:
             if (n, d) not in costed:
                 c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
                 costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards, location, c)),
                                            holder_storage(spec, topo, stype, n, d, inference, location, c))
-    shards = tuple(costed[(n, d)] for _, n in rows for _, d in cols)
-    return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, phases(requester_perf(spec, topo, stype, num_shards)),
-                     Perf(), requester_storage(spec, topo, inference), location, cache_fraction)
+    return tuple(costed[(n, d)] for _, n in rows for _, d in cols)
 
 
 def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: bool = False) -> list[Candidate]:
-    """cands, then each sharded one again in host memory and with each cache size of CACHE_FRACTIONS."""
+    """cands, then each sharded one again in host memory and with each cache size of CACHE_FRACTIONS
+    (the same blocks and requester side: only the shards' costs and storage depend on the location)."""
     out = list(cands)
     for c in cands:
         if c.sharding_type is ShardingType.DATA_PARALLEL or c.hot_rows:  # hot replicas are offered in HBM only
             continue
         k = len(c.col_spans) if c.sharding_type.splits_cols else len(c.row_spans)
-        out += [candidate(spec, topo, c.sharding_type, k, inference, Location.UVM_CACHE, f) for f in CACHE_FRACTIONS]
-        out.append(candidate(spec, topo, c.sharding_type, k, inference, Location.HOST))
+        for location, fraction in [(Location.UVM_CACHE, f) for f in CACHE_FRACTIONS] + [(Location.HOST, 0.0)]:
+            shards = _shard_costs(spec, topo, c.sharding_type, c.row_spans, c.col_spans, k, inference, location, fraction)
+            out.append(replace(c, shards=shards, location=location, cache_fraction=fraction))
     return out
 
 

@@ -9,8 +9,12 @@
 Memory depends on the table's rows and the options, never on the number of lookups: ids are
 buffered up to a fixed size and then folded into the counts.
 
-`ExactCounter` (num_rows <= exact_max_rows) keeps an int64 count per row (8 B x num_rows);
-its curve is exact for the lookups seen.
+Both hand their counts to `embshard.stats.tail.estimated_curve`: rows seen often are taken as
+measured, the lookups to the others spread over the rest of the table by a power law fitted to
+how many distinct rows they touched (a sample with fewer lookups than the table has rows cannot
+show its tail; its own curve would reach 1 at the share of rows it touched).
+
+`ExactCounter` (num_rows <= exact_max_rows) keeps an int64 count per row (8 B x num_rows).
 
 `SketchCounter` (bigger tables) keeps about 3 x sketch_rows counters (int64 key and count each):
 - heavy hitters: a Misra-Gries summary of k = sketch_rows rows (the mergeable form of Agarwal
@@ -22,12 +26,10 @@ its curve is exact for the lookups seen.
   p = sketch_rows / num_rows (independent of its popularity); sampled rows are counted exactly.
 The curve's head is the kept rows with c >= D, counted c + D (within D of f, at most 2 f; exact
 where the row is also sampled); every sampled row outside the head stands for 1 / p rows like
-it, the tail's counts scaled so that all lookups add up to n. Error of a curve point: the head's
-counts are off by at most D each (D is shown in the summary, "sketch (D=...)"), the tail's share
-has a relative sampling error of about 1 / sqrt(sampled rows in the segment). Measured against
-exact counts of the same Zipf streams (s 0.8, 1.1, 1.3; 1 M lookups; tests/stats): at most
-0.0025 with sketch_rows = rows / 10; with rows / 50, below 0.02 where that is 200 counters or
-more, but 0.14 for a flat table (s 0.8) with 20. tests/stats asserts 0.01 at rows / 10.
+it. Error of a curve point: the head's counts are off by at most D each (D is shown in the
+summary, "sketch (D=...)"), the tail's distinct rows (what its fit uses) have a relative sampling
+error of about 1 / sqrt(sampled rows seen). tests/stats asserts 0.01 against exact counts of
+the same Zipf streams (s 0.8, 1.1, 1.3; 1 M lookups) at sketch_rows = rows / 10.
 Distinct rows are estimated the same way (head rows plus sampled rows outside it / p).
 """
 
@@ -38,6 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from embshard.data.synthetic import mix64
+from embshard.stats.tail import MIN_COUNT, estimated_curve
 
 _HASH_SALT = np.uint64(0x5DEECE66D)
 
@@ -46,19 +49,6 @@ def new_counter(num_rows: int, exact_max_rows: int, sketch_rows: int) -> "ExactC
     if num_rows <= exact_max_rows:
         return ExactCounter(num_rows)
     return SketchCounter(num_rows, sketch_rows)
-
-
-def curve_points(cum_rows: np.ndarray, cum_lookups: np.ndarray, num_rows: int, fractions: Sequence[float]) -> tuple[float, ...]:
-    """The fraction of lookups that go to the hottest ``f * num_rows`` rows, for each f.
-
-    ``cum_rows``/``cum_lookups``: a piecewise-linear cumulative curve from (0, 0), hottest first
-    (rows within a segment equally hot)."""
-    total = cum_lookups[-1]
-    if total == 0:
-        return tuple(float(f) for f in fractions)  # nothing seen: no skew measured
-    points = np.interp(np.asarray(fractions, np.float64) * num_rows, cum_rows, cum_lookups) / total
-    # A hot set gets at least its uniform share (rounding in the interpolation aside).
-    return tuple(float(max(p, f)) for p, f in zip(np.minimum(points, 1.0), fractions))
 
 
 class _Buffer:
@@ -107,9 +97,8 @@ class ExactCounter:
 
     def curve(self, fractions: Sequence[float]) -> tuple[float, ...]:
         self._flush()
-        hottest_first = np.sort(self.counts)[::-1]
-        cum_lookups = np.concatenate([[0], np.cumsum(hottest_first)]).astype(np.float64)
-        return curve_points(np.arange(self.num_rows + 1, dtype=np.float64), cum_lookups, self.num_rows, fractions)
+        seen = self.counts[self.counts > 0]
+        return estimated_curve(seen, np.ones(len(seen)), float(seen.sum()), self.num_rows, fractions)
 
 
 class SketchCounter:
@@ -174,22 +163,18 @@ class SketchCounter:
         return float(min(len(keys) + len(tail) / self.rate, self.num_rows))
 
     def curve(self, fractions: Sequence[float]) -> tuple[float, ...]:
-        _, head, tail = self._head_and_tail()
+        keys, head, _ = self._head_and_tail()
+        # D = 0: every row seen is kept, counted exactly. Else rows with f <= D may be missing: the head is
+        # the rows seen often, the row sample stands for every row outside it.
+        keep = head >= MIN_COUNT if self.decrement else np.ones(len(head), bool)
+        keys, head = keys[keep], head[keep]
+        tail = self.sample_counts[~np.isin(self.sample_keys, keys, assume_unique=True)]
         rest_lookups = max(self.n - float(head.sum()), 0.0)  # the head's c + D may overcount
-        rest_rows = self.num_rows - len(head)
-        if len(tail) and tail.sum() > 0:
-            weights = np.full(len(tail), 1 / self.rate)
-            tail_counts = tail * (rest_lookups / tail.sum())  # each sampled row stands for 1/p rows like it
-        else:  # no sampled row outside the heavy ones: spread what is left evenly
-            weights, tail_counts = np.array([float(rest_rows)]), np.array([rest_lookups])
-        rows = np.concatenate([np.ones(len(head)), weights])
-        lookups = np.concatenate([head.astype(np.float64), tail_counts])
-        order = np.argsort(-(lookups / rows), kind="stable")  # hottest per row first
-        cum_rows = np.concatenate([[0.0], np.cumsum(rows[order])])
-        cum_lookups = np.concatenate([[0.0], np.cumsum(lookups[order])])
-        if cum_rows[-1] < self.num_rows:  # rows never seen
-            cum_rows, cum_lookups = np.append(cum_rows, self.num_rows), np.append(cum_lookups, cum_lookups[-1])
-        return curve_points(cum_rows, cum_lookups, self.num_rows, fractions)
+        # each sampled row stands for 1/p rows like it and for its lookups, scaled so that all add up to n
+        scale = rest_lookups / tail.sum() if tail.sum() > 0 else 0.0
+        weights = np.concatenate([np.ones(len(head)), np.full(len(tail), 1 / self.rate)])
+        lookups = np.concatenate([head, tail * scale]).astype(np.float64)
+        return estimated_curve(np.concatenate([head, tail]), weights, float(self.n), self.num_rows, fractions, lookups)
 
     def memory_entries(self) -> int:
         """Keys and counts held now (each int64): bounded by about 3 x sketch_rows, whatever the stream's length."""

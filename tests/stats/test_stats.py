@@ -110,9 +110,11 @@ def criteo_specs(num_rows: int = 100) -> list[TableSpec]:
     return [TableSpec(f"cat_{i}", num_rows + i, 8) for i in range(26)]
 
 
-def exact_curve(ids: np.ndarray, rows: int) -> np.ndarray:
-    hottest_first = np.sort(np.bincount(ids, minlength=rows))[::-1]
-    return np.interp(np.array(HOT_FRACTIONS) * rows, np.arange(rows + 1), np.concatenate([[0], np.cumsum(hottest_first)])) / len(ids)
+def exact_curve(ids: np.ndarray, rows: int) -> tuple[float, ...]:
+    """The curve that exact counts of ``ids`` give (the estimator of embshard.stats.tail over them)."""
+    counter = ExactCounter(rows)
+    counter.add(ids)
+    return counter.curve(HOT_FRACTIONS)
 
 
 def test_criteo_readers_map_values_to_rows_as_training_does(tmp_path) -> None:
@@ -247,3 +249,28 @@ def test_cli_refuses_bad_hot_rows_in_one_line(tmp_path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("embshard-stats: error: ") and "(t0).hot_rows[1]" in lines[0], done.stderr
+
+
+def stream_curve(s: float, rows: int, fractions) -> np.ndarray:
+    """The curve of embshard.data.synthetic.zipf_rows' law: the hottest x rows are the draws below x + 1 of a
+    continuous power law on [1, rows + 1) (uniform for s = 0)."""
+    x = np.asarray(fractions) * rows
+    return x / rows if s == 0 else ((x + 1) ** (1 - s) - 1) / ((rows + 1) ** (1 - s) - 1)
+
+
+# (exponent, rows, lookups, sketch_rows or 0 for exact counts): far more rows than lookups. The sample's own
+# curve (the code before embshard.stats.tail) was off by 0.146, 0.390, 0.146 and 0.369 at worst of 0.1%/1%/10%
+# (e.g. 1.0 at 1% for Zipf 1.1, where the stream gives 0.854: it reached 1 at the share of rows the lookups
+# touched); the estimate is within 0.03 (measured: 0.002, 0.004, 0.002, 0.000).
+SPARSE = [(1.1, 10_000_000, 200_000, 0), (0.8, 2_000_000, 100_000, 0), (1.1, 10_000_000, 200_000, 100_000), (0.0, 1_000_000, 300_000, 0)]
+
+
+@pytest.mark.parametrize("s,rows,lookups,sketch_rows", SPARSE, ids=[f"s={s}-rows={r}-n={n}-sketch={k}" for s, r, n, k in SPARSE])
+def test_curve_of_a_table_bigger_than_the_sample_extrapolates_its_tail(s: float, rows: int, lookups: int, sketch_rows: int) -> None:
+    from embshard.data.synthetic import zipf_rows
+    ids = zipf_rows(np.random.default_rng(3), rows, s, lookups, salt=11).astype(np.int64)
+    counter = SketchCounter(rows, sketch_rows) if sketch_rows else ExactCounter(rows)
+    for start in range(0, lookups, 50_000):
+        counter.add(ids[start:start + 50_000])
+    fractions = (0.001, 0.01, 0.1)
+    np.testing.assert_allclose(counter.curve(fractions), stream_curve(s, rows, fractions), atol=0.03)

@@ -161,9 +161,10 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
                 if only_one_shard and cv.num_shards > 1:
                     continue
                 pick = place(state, unit, cv, by_cost, costs)
-                # a replica (and, with host memory for tables, any layout) must leave HBM for the rest
+                # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a
+                # largest later shard per rank (else HBM filled to the byte strands small tables that fit no rank)
                 if pick is None or ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + sum(state.mem)
-                                    + sum(cv.shard_mem) + remaining_mem > W * problem.cap_bytes) or (
+                                    + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
                         cv.every_mem and state.UM + cv.every_mem + min(state.mem) + need > problem.cap_bytes):
                     continue
                 shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains

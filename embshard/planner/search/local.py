@@ -188,6 +188,8 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
     """
     steps, best_seen, stalled = 0, float("inf"), 0
     snapshot, snapshot_max = None, float("inf")
+    visited = {tuple(state.choice)}  # a re-shard back to a state seen goes round in circles (A -> B lowers the
+    # maximum, B -> A the smooth maximum): stop there, as when no re-shard helps
     while steps < max_steps and time.perf_counter() < deadline:
         costs = state.costs()
         r = max(range(len(costs)), key=costs.__getitem__)
@@ -203,12 +205,21 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
             continue
         if costs[r] < snapshot_max - EPS:
             snapshot, snapshot_max = state.copy(), costs[r]
-        if not _try_reshard(state, r, costs):
+        if not _try_reshard(state, r, costs) or _revisits(state, visited):
             break
         steps += 1
     if snapshot is not None and snapshot_max < max(state.costs()) - EPS:
         return snapshot, steps
     return state, steps
+
+
+def _revisits(state: RankState, visited: set) -> bool:
+    """Whether the state's placement was seen before (else it is remembered)."""
+    key = tuple(state.choice)
+    if key in visited:
+        return True
+    visited.add(key)
+    return False
 
 
 def rank_order_rows(state: RankState, deadline: float = float("inf")) -> bool:
