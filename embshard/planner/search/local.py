@@ -197,6 +197,8 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
     cmax, units = costs[r], state.problem.units
     hot = sorted(state.held[r], key=lambda ui: -units[ui].cands[state.choice[ui][0]].shard_cost[state.held[r][ui]])
     for ui in hot[:KICK_UNITS]:
+        if time.perf_counter() > deadline:
+            return None
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
