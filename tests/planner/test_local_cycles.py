@@ -19,15 +19,16 @@ TABLES = Path(__file__).resolve().parents[2] / "embshard" / "configs" / "tables"
 def test_local_search_stops_at_a_placement_seen_before() -> None:
     """criteo_tb_measured on 8 x 8 GiB HBM + 64 GiB host: the plain greedy start's local search improved in 7
     steps, then alternated two re-shards of one table for PATIENCE (100) more (106 steps, 0.8 CPU s of a
-    1.8 s plan); it now ends after those 7 at the same maximum."""
+    1.8 s plan); it now ends there, or kicks (h13's compound step) where a re-shard finds nothing or repeats:
+    27 steps, a 6% lower maximum."""
     specs, _ = load_tables_file(TABLES)
     topo = Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=64.0, batch_size_per_rank=4096)
     problem = build_problem(specs, topo, Constraints())
     state = greedy_retrying(problem, default_order(problem), None, float("inf"))
     start = max(state.costs())
     best, steps = local_search(state, float("inf"))
-    assert steps < PATIENCE // 4, steps
-    assert max(best.costs()) < start * 0.99
+    assert steps < PATIENCE // 2, steps
+    assert max(best.costs()) < start * 0.95
 
 
 def test_a_greedy_start_that_repeats_the_first_is_not_polished_again(monkeypatch) -> None:

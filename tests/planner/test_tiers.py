@@ -341,20 +341,26 @@ def test_greedy_keeps_hbm_for_the_small_tables_a_full_rank_would_strand():
     assert locations == ["hbm"] * 4 + ["uvm_cache"]
 
 
-def test_the_tiers_first_start_escapes_the_greedy_starts_local_minimum():
-    """criteo_tb_measured on 8 x 8 GiB + 64 GiB host: the greedy start (big tables into HBM first) polishes to
-    0.675 ms; placing the tables that may leave HBM out of it first, then every layout again, reaches 0.641."""
+def test_the_tiers_first_start_escapes_the_greedy_starts_local_minimum(monkeypatch):
+    """criteo_tb_measured on 8 x 8 GiB + 64 GiB host: without local search's kicks, the greedy start (big tables
+    into HBM first) polishes to 0.675 ms; placing the tables that may leave HBM out of it first, then every layout
+    again, reaches 0.641. (With kicks the greedy start itself reaches 0.634 here; on the benchmark's generated
+    sets tiers-first is still the start that wins.) plan() returns the best of them."""
+    import embshard.planner.search.local as local
     from embshard.cli import CONFIG_DIR
     from embshard.planner.search.caches import tiers_first
     from embshard.planner.search.greedy import default_order, greedy_retrying, replication_prepass
-    from embshard.planner.search.local import local_search
     from embshard.planner.search.problem import build_problem
     from embshard.specs import load_tables_file
     specs, _ = load_tables_file(Path(CONFIG_DIR) / "tables" / "criteo_tb_measured.yaml")
     topo = Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=64.0, batch_size_per_rank=4096)
     problem = build_problem(specs, topo, Constraints())
-    standard, _ = local_search(greedy_retrying(problem, default_order(problem), replication_prepass(problem)), float("inf"))
-    tiered, _ = tiers_first(problem, float("inf"))
+    start = lambda: greedy_retrying(problem, default_order(problem), replication_prepass(problem))
+    kicked, _ = local.local_search(start(), float("inf"))
+    with monkeypatch.context() as m:
+        m.setattr(local, "_kick", lambda state, deadline: None)
+        standard, _ = local.local_search(start(), float("inf"))
+        tiered, _ = tiers_first(problem, float("inf"))
     assert max(tiered.costs()) < 0.97 * max(standard.costs())
     p = plan(specs, topo, time_budget_s=10)
-    assert p.search["method"].startswith("tiers-first") and p.max_rank_ms == pytest.approx(max(tiered.costs()), rel=1e-9)
+    assert p.max_rank_ms <= min(max(tiered.costs()), max(kicked.costs())) * (1 + 1e-9)

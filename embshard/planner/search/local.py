@@ -6,7 +6,11 @@ type) removes the table and places another candidate greedily; it is accepted wh
 smooth maximum (the 32-norm of rank times) falls and the maximum rises at most 2%, which
 lets replication help several slow ranks at once, or else when the maximum falls (on many
 ranks, splitting a hot table finer lifts every rank's requester side a little and the smooth
-maximum with it). The best state seen is returned.
+maximum with it). When re-sharding goes round in circles (KICK_AFTER, and again PATIENCE, steps
+without a new best) or finds nothing, a *kick* re-shards one of the slowest rank's hottest units even though that
+lifts other ranks above the maximum, and then repairs them with moves and swaps: a compound
+step that single moves cannot make (a hot table split over more ranks of a busy host). The
+best state seen is returned.
 `rank_order_rows` then puts row blocks in rank order wherever that costs the objective nothing.
 """
 
@@ -25,6 +29,10 @@ SWAP_SHARDS = 16  # largest shards of the slowest rank tried in swaps
 SWAP_RANKS = 8  # cheapest ranks tried as swap partners
 MAX_RISE = 0.02  # a re-shard may lift the maximum this much if the smooth maximum falls
 PATIENCE = 100  # steps without a new best maximum after which the search ends
+KICK_AFTER = 20  # steps without a new best maximum before the first kick
+KICK_UNITS = 6  # the slowest rank's hottest units a kick re-shards
+KICK_LAYOUTS = 12  # layouts tried per unit in a kick (those that lift the fewest ranks to the maximum)
+REPAIR_STEPS = 32  # moves and swaps a kick may take to bring every rank below the old maximum
 
 
 def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
@@ -32,7 +40,7 @@ def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
     if ui in state.held[dst]:
         return False
     unit = state.problem.units[ui]
-    if dst not in unit.ranks:
+    if dst not in unit.rank_set:
         return False
     ci, _ = state.choice[ui]
     if unit.cands[ci].host_bound:
@@ -179,12 +187,61 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
     return False
 
 
+def _kick(state: RankState, deadline: float) -> RankState | None:
+    """Re-shard one of the slowest rank's hottest units with a layout that takes that rank below the
+    maximum but lifts others above it (a hot table split over more ranks of a host whose other ranks
+    are busy), then move and swap shards off the ranks above it (`_repair`). Returns the repaired
+    copy, or None when no layout repairs within REPAIR_STEPS (`state` is left as it was)."""
+    costs = state.costs()
+    r = max(range(len(costs)), key=costs.__getitem__)
+    cmax, units = costs[r], state.problem.units
+    hot = sorted(state.held[r], key=lambda ui: -units[ui].cands[state.choice[ui][0]].shard_cost[state.held[r][ui]])
+    for ui in hot[:KICK_UNITS]:
+        if time.perf_counter() > deadline:
+            return None
+        old = state.remove(ui)
+        base = state.costs()
+        by_cost = state.cheapest_first(units[ui].ranks, base)
+        layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
+        for ci, cv in enumerate(units[ui].cands):
+            pick = place(state, units[ui], cv, by_cost, base, after=True)
+            if pick is not None:
+                new_costs = state.cost_array_with(ui, ci, pick)
+                if new_costs[r] < cmax - EPS:
+                    layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
+        state.add(ui, old[0], old[1])
+        for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
+            if time.perf_counter() > deadline:
+                return None
+            trial = state.copy()
+            trial.remove(ui)
+            trial.add(ui, ci, pick)
+            if _repair(trial, cmax, deadline):
+                return trial
+    return None
+
+
+def _repair(state: RankState, target: float, deadline: float) -> bool:
+    """Moves and swaps on the slowest rank (at most REPAIR_STEPS) until every rank is below target."""
+    for _ in range(REPAIR_STEPS):
+        costs = state.costs()
+        r = max(range(len(costs)), key=costs.__getitem__)
+        if costs[r] < target - EPS:
+            return True
+        by_cost = state.cheapest_first(range(len(costs)), costs)
+        if time.perf_counter() > deadline or not (_try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost)):
+            return False
+    return max(state.costs()) < target - EPS
+
+
 def local_search(state: RankState, deadline: float, max_steps: int = 100_000) -> tuple[RankState, int]:
     """Improve from `state` (modified) until no step helps, PATIENCE steps have not lowered
     the best maximum seen (re-shards may go round in circles), or the deadline.
 
     Moves and swaps never lift the maximum; a re-shard may, a little, so the best state is
-    snapshotted before re-sharding from it. Returns the best state seen and the steps taken.
+    snapshotted before re-sharding from it; a kick (`_kick`, counted as a step) starts from the best
+    state and returns a copy below its maximum, which the search goes on from (so the returned state
+    may be a new object). Returns the best state seen and the steps taken.
     """
     steps, best_seen, stalled = 0, float("inf"), 0
     snapshot, snapshot_max = None, float("inf")
@@ -195,8 +252,14 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
         r = max(range(len(costs)), key=costs.__getitem__)
         if costs[r] < best_seen - EPS:
             best_seen, stalled = costs[r], 0
-        elif stalled == PATIENCE:
-            break
+        elif stalled in (KICK_AFTER, PATIENCE):  # going round in circles: kick the best state seen
+            kicked = _kick(snapshot if snapshot_max < costs[r] - EPS else state, deadline)
+            if kicked is not None:
+                state, stalled, steps = kicked, 0, steps + 1
+                continue
+            if stalled == PATIENCE:
+                break
+            stalled += 1
         else:
             stalled += 1
         by_cost = state.cheapest_first(range(len(costs)), costs)
@@ -206,7 +269,10 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000) ->
         if costs[r] < snapshot_max - EPS:
             snapshot, snapshot_max = state.copy(), costs[r]
         if not _try_reshard(state, r, costs) or _revisits(state, visited):
-            break
+            kicked = _kick(state, deadline)
+            if kicked is None:
+                break
+            state = kicked
         steps += 1
     if snapshot is not None and snapshot_max < max(state.costs()) - EPS:
         return snapshot, steps

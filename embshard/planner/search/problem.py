@@ -141,6 +141,11 @@ class Unit:
     cands: tuple[CandVec, ...]
     ranks: tuple[int, ...]  # ranks its shards may use
 
+    @cached_property
+    def rank_set(self) -> frozenset[int]:
+        """ranks as a set (membership tests in the search)."""
+        return frozenset(self.ranks)
+
     @property
     def name(self) -> str:
         return "+".join(t.name for t in self.tables)
