@@ -77,3 +77,38 @@ def test_a_measured_dense_rate_picks_the_faster_mode_of_each_benchmark_case():
     assert modes == ["allreduce"] * len(SMALL_DP) and planned == one["allreduce"] < one["replicated_lookup"] / 1.5
     old = replace(topo, dp_dense_gb_per_s=topo.hbm_gb_per_s)
     assert case(LARGE_DP, old)[0] == ["allreduce"] * len(LARGE_DP)
+
+
+def test_each_mode_group_pays_its_fixed_costs_once_and_a_marginal_group_joins_the_other():
+    """The runtime runs each data-parallel mode's tables as a group of their own: kernels of their own (pooled: one per
+    optimizer, any widths), one all-reduce of all the allreduce tables' gradients, the replicated ones' own input dist.
+    The model counts them so; the plan moves a group into the other mode where that saves the group's fixed costs."""
+    import yaml
+
+    from embshard.planner.cost.perf import cheaper_data_parallel_mode, kernel_calls_per_rank, mode_group_perf, rank_perfs
+
+    raw = yaml.safe_load((Path(__file__).parent / "data" / "cpu_gloo_dense.yaml").read_text())
+    topo = Topology.from_dict({**raw, "batch_size_per_rank": 2048})
+    p = manual_plan(LARGE_DP, topo, {s.name: ("data_parallel", ()) for s in LARGE_DP})
+    replicated = [replace(t, data_parallel_mode="replicated_lookup") for t in p.tables]
+    assert kernel_calls_per_rank(LARGE_DP, replicated, 2) == [1, 1]  # one pooled rowwise_adagrad kernel, widths 32-128
+    assert kernel_calls_per_rank(LARGE_DP, p.tables, 2) == [2, 2]  # p4 and p6 all-reduced: a kernel of their own
+    # one all-reduce call for the group: each table pays its bytes, the group the call's fixed cost
+    two = [replace(t, data_parallel_mode="allreduce") for t in p.tables if t.name in ("p4", "p6")]
+    alone = [rank_perfs(LARGE_DP, topo, [t])[0].dp_allreduce_ms - mode_group_perf(topo, "allreduce").dp_allreduce_ms for t in two]
+    fixed = mode_group_perf(topo, "allreduce").dp_allreduce_ms
+    assert fixed > 0 and rank_perfs(LARGE_DP, topo, two)[0].dp_allreduce_ms == pytest.approx(sum(alone) + fixed)
+    assert mode_group_perf(topo, "replicated_lookup").input_dist_ms > 0
+    # a table cheaper all-reduced alone by less than its group's fixed costs (0.23 ms all-reduce call + 0.48 ms kernel)
+    edge = TableSpec("edge", 50_500, 32, 5.0, feature_names=("ef",), optimizer="rowwise_adagrad")
+    assert 0 < _ms_on(edge, topo, "replicated_lookup") - _ms_on(edge, topo, "allreduce") < 0.7
+    assert cheaper_data_parallel_mode(edge, topo) == "allreduce"
+    specs = LARGE_DP[:2] + [edge]
+    q = manual_plan(specs, topo, {s.name: ("data_parallel", ()) for s in specs})
+    assert [t.data_parallel_mode for t in q.tables] == ["replicated_lookup"] * 3
+    per_table = [replace(t, data_parallel_mode=cheaper_data_parallel_mode(s, topo)) for t, s in zip(q.tables, specs)]
+    assert q.max_rank_ms < evaluate(specs, topo, per_table).max_rank_ms
+
+
+def _ms_on(spec: TableSpec, topo: Topology, mode: str) -> float:
+    return data_parallel_perf(spec, topo, False, mode).total_ms
