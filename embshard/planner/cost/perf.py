@@ -40,7 +40,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   ``dp_dense_gb_per_s``, a rate of its own), or, with
   a placement's ``data_parallel_mode`` "replicated_lookup" (the planner picks the cheaper mode per
   table, `cheaper_data_parallel_mode`), cost what a table-wise holder of the global batch costs, on
-  every rank (`replicated_lookup_perf`);
+  every rank (`replicated_lookup_perf`); each mode present adds its group's fixed costs once (`mode_group_perf`;
+  `embshard.planner.dp_modes` weighs them at plan level);
 - routing, paid by the sender and by the receiver: per id and per bag length in input dist,
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
