@@ -129,6 +129,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     clock.lap("rank_order_rows")
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
+    # the search gave each replicated table its own cheaper mode: one group moved into the other may cost less
+    regrouped = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements], inference)
+    if regrouped != placements:
+        placements, method = regrouped, method + "+data_parallel_modes"
+        scored_ms = max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)

@@ -4,7 +4,8 @@ Each table gets its cheaper mode alone (`embshard.planner.cost.perf.cheaper_data
 a collection then pays each mode group it runs once more (its kernels, and its all-reduce or its
 own input dist: `embshard.planner.cost.perf.mode_group_perf`), which no table's choice alone sees.
 So the per-table choice is compared with every chosen table in one mode, then the other, by the
-plan's objective (the slowest rank of `rank_perfs`, what the search minimises), and the lowest kept.
+plan's objective (the slowest rank of `rank_perfs`, what the search minimises), and the lowest kept;
+`embshard.planner.plan` does so after its search, `evaluate` for placements given without modes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def choose_data_parallel_modes(specs: Sequence[TableSpec], topo: Topology, place
         return list(placements)
     per_table = {n: cheaper_data_parallel_mode(by_name[n], topo, inference) for n in free}
     options = [per_table]
-    if len(set(per_table.values())) > 1:  # both groups: each moved into the other
+    # both groups: each moved into the other (not with sharded updates, where the modes' memory differs: the
+    # per-table choice is what the search fitted into memory)
+    if len(set(per_table.values())) > 1 and not topo.sharded_dp_update:
         options += [dict.fromkeys(free, mode) for mode in DATA_PARALLEL_MODES]
     best, best_ms = None, float("inf")
     for modes in options:  # ties: the per-table choice

@@ -111,6 +111,13 @@ def test_each_mode_group_pays_its_fixed_costs_once_and_a_marginal_group_joins_th
     assert [t.data_parallel_mode for t in q.tables] == ["replicated_lookup"] * 3
     per_table = [replace(t, data_parallel_mode=cheaper_data_parallel_mode(s, topo)) for t, s in zip(q.tables, specs)]
     assert q.max_rank_ms < evaluate(specs, topo, per_table).max_rank_ms
+    # the search gives each table its own mode; the plan then moves the group as evaluate does
+    from embshard.planner.types import Constraints, TableConstraint
+
+    dp_only = Constraints({s.name: TableConstraint((ShardingType.DATA_PARALLEL,)) for s in specs})
+    searched = plan(specs, topo, dp_only, time_budget_s=1)
+    assert [t.data_parallel_mode for t in searched.tables] == ["replicated_lookup"] * 3
+    assert searched.search["method"].endswith("+data_parallel_modes") and searched.max_rank_ms == pytest.approx(q.max_rank_ms)
 
 
 def _ms_on(spec: TableSpec, topo: Topology, mode: str) -> float:
