@@ -60,8 +60,8 @@ def test_a_measured_dense_rate_picks_the_faster_mode_of_each_benchmark_case():
     replicated 23-28. The planner replicates the large tables that dominate and all-reduces every small one;
     priced at the lookups' bandwidth (hbm_gb_per_s, as before the term) it all-reduced every large table.
     Known gap: with each mode group's fixed costs priced (about 0.7 ms for the allreduce group here) the model still
-    plans p4 and p6 all-reduced (375 vs 382 ms all replicated), while measured the mix is slower (4 of 4 paired runs,
-    median 324 vs 288 ms at load 3-12): what a second group costs beyond its fixed costs is not priced yet."""
+    plans p4 and p6 all-reduced (375 vs 382 ms all replicated), while measured the mix is slower (7 of 8 paired runs,
+    median 314 vs 298 ms at load 3-12): what a second group costs beyond its fixed costs is not priced yet."""
     import yaml
 
     raw = yaml.safe_load((Path(__file__).parent / "data" / "cpu_gloo_dense.yaml").read_text())
