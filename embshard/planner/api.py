@@ -17,7 +17,8 @@ from typing import Mapping, Sequence
 
 from embshard.comms import CommsPrecision
 from embshard.planner.cost.hot_rows import hot_split
-from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
+from embshard.planner.cost.perf import rank_perfs
+from embshard.planner.dp_modes import choose_data_parallel_modes
 from embshard.planner.enumerate import forward_only
 from embshard.planner.footprint import check_planner_memory
 from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memory, fragmentation_message
@@ -137,6 +138,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     clock.lap("rank_order_rows")
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
+    # the search gave each replicated table its own cheaper mode: one group moved into the other may cost less
+    regrouped = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements], inference)
+    if regrouped != placements:
+        placements, method = regrouped, method + "+data_parallel_modes"
+        scored_ms = max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)
@@ -214,15 +220,13 @@ def evaluate(specs: Sequence[TableSpec], topology: Topology, placements: Sequenc
     """Cost a placement with embshard's model (`embshard.planner.cost.perf.rank_perfs`, what the
     search minimises): per-rank perf by phase, memory, lower bound. PlanInfeasibleError if a
     rank's shards and buffers exceed its memory cap (`embshard.planner.memory.check_caps`).
-    A data-parallel placement without a mode gets the cheaper one (`cheaper_data_parallel_mode`).
+    Data-parallel placements without a mode get the cheaper ones (`choose_data_parallel_modes`).
     Placements with hot_rows need the hot_ids_file that names their hot ids."""
     specs = tuple(specs)
     constraints = constraints or Constraints()
     validate_placements(placements, specs, topology, "placements")
     by_name = {s.name: s for s in specs}
-    placements = [replace(t, data_parallel_mode=cheaper_data_parallel_mode(by_name[t.name], topology, inference))
-                  if t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode is None else t
-                  for t in placements]
+    placements = choose_data_parallel_modes(specs, topology, placements, inference)
     W = topology.world_size
     storage, every_storage = [Storage()] * W, Storage()
     for t in placements:
@@ -311,7 +315,7 @@ def placements_of(problem: Problem, state: RankState) -> list[TablePlacement]:
                                      cache_rows(b.num_rows, cand.cache_fraction) if cand.location is Location.UVM_CACHE else 0)
                                for r, b in zip(ranks, cand.blocks))
             out.append(TablePlacement(table.name, cand.sharding_type, COMPUTE_KERNEL[cand.sharding_type], shards,
-                                      hot_rows=cand.hot_rows))
+                                      hot_rows=cand.hot_rows, data_parallel_mode=cand.data_parallel_mode))
     return out
 
 

@@ -65,7 +65,7 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
     if stype is ShardingType.DATA_PARALLEL:
         mode, perf = cheaper_data_parallel_mode(spec, topo, inference, with_perf=True)  # what `evaluate` records in the plan
         return Candidate(spec.name, stype, (), (), (), Perf(), phases(perf),
-                         data_parallel_storage(spec, topo, inference, mode))
+                         data_parallel_storage(spec, topo, inference, mode), data_parallel_mode=mode)
     full_rows, full_cols = [(0, spec.num_embeddings)], [(0, spec.embedding_dim)]
     if stype.splits_rows:
         rows, cols = row_splits(spec.num_embeddings, num_shards), full_cols

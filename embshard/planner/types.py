@@ -188,6 +188,7 @@ class Candidate:
     location: Location = Location.HBM
     cache_fraction: float = 0.0
     hot_rows: int = 0  # hottest rows replicated on every rank (their replica is in every_rank*)
+    data_parallel_mode: str | None = None  # data_parallel: the mode every_rank prices
 
     @property
     def num_shards(self) -> int:

@@ -15,7 +15,7 @@ from embshard.calibrate.synthetic import bench_tables
 from embshard.planner import evaluate, plan
 from embshard.planner.api import placements_of
 from embshard.planner.cost.perf import kernel_call_ms, kernel_calls_per_rank
-from embshard.planner.search.greedy import default_order, greedy
+from embshard.planner.search.greedy import default_order, greedy, replication_prepass
 from embshard.planner.search.local import _cost_delta, local_search
 from embshard.planner.search.problem import build_problem
 from embshard.planner.types import Constraints
@@ -51,6 +51,13 @@ def test_search_objective_is_evaluate_on_a_calibrated_profile(world_size, seed):
     planned = plan(specs, topo, time_budget_s=1)
     greedy_only = evaluate(specs, topo, placements_of(problem, greedy(problem, default_order(problem))))
     assert report.lower_bound_ms <= planned.max_rank_ms <= greedy_only.max_rank_ms * (1 + 1e-9)
+
+
+def test_replicating_first_needs_a_saving_above_the_mode_group_fixed_cost():
+    """Four tables each save a little replicated (0.56 ms together), less than the allreduce group's fixed cost
+    (0.9 ms): no replicate-first start (it ended above plain greedy when the budget allowed one start)."""
+    problem = build_problem(mixed_tables(14, 2), profile(4), Constraints())
+    assert problem.group_ms[0] == pytest.approx(0.900108) and replication_prepass(problem) == {}
 
 
 def test_kernel_calls_are_tracked_exactly_through_moves_and_swaps():

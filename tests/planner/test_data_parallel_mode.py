@@ -58,7 +58,10 @@ def test_a_measured_dense_rate_picks_the_faster_mode_of_each_benchmark_case():
     full-table work measured: dp_dense_gb_per_s 3.2 GB/s). Measured there on 2 gloo ranks, max rank CPU ms per step:
     the large tables all replicated 270, all allreduce 737-900; the small ones all allreduce 12.4-14.7, all
     replicated 23-28. The planner replicates the large tables that dominate and all-reduces every small one;
-    priced at the lookups' bandwidth (hbm_gb_per_s, as before the term) it all-reduced every large table."""
+    priced at the lookups' bandwidth (hbm_gb_per_s, as before the term) it all-reduced every large table.
+    Known gap: with each mode group's fixed costs priced (about 0.7 ms for the allreduce group here) the model still
+    plans p4 and p6 all-reduced (375 vs 382 ms all replicated), while measured the mix is slower (7 of 8 paired runs,
+    median 314 vs 298 ms at load 3-12): what a second group costs beyond its fixed costs is not priced yet."""
     import yaml
 
     raw = yaml.safe_load((Path(__file__).parent / "data" / "cpu_gloo_dense.yaml").read_text())
@@ -77,3 +80,45 @@ def test_a_measured_dense_rate_picks_the_faster_mode_of_each_benchmark_case():
     assert modes == ["allreduce"] * len(SMALL_DP) and planned == one["allreduce"] < one["replicated_lookup"] / 1.5
     old = replace(topo, dp_dense_gb_per_s=topo.hbm_gb_per_s)
     assert case(LARGE_DP, old)[0] == ["allreduce"] * len(LARGE_DP)
+
+
+def test_each_mode_group_pays_its_fixed_costs_once_and_a_marginal_group_joins_the_other():
+    """The runtime runs each data-parallel mode's tables as a group of their own: kernels of their own (pooled: one per
+    optimizer, any widths), one all-reduce of all the allreduce tables' gradients, the replicated ones' own input dist.
+    The model counts them so; the plan moves a group into the other mode where that saves the group's fixed costs."""
+    import yaml
+
+    from embshard.planner.cost.perf import cheaper_data_parallel_mode, kernel_calls_per_rank, mode_group_perf, rank_perfs
+
+    raw = yaml.safe_load((Path(__file__).parent / "data" / "cpu_gloo_dense.yaml").read_text())
+    topo = Topology.from_dict({**raw, "batch_size_per_rank": 2048})
+    p = manual_plan(LARGE_DP, topo, {s.name: ("data_parallel", ()) for s in LARGE_DP})
+    replicated = [replace(t, data_parallel_mode="replicated_lookup") for t in p.tables]
+    assert kernel_calls_per_rank(LARGE_DP, replicated, 2) == [1, 1]  # one pooled rowwise_adagrad kernel, widths 32-128
+    assert kernel_calls_per_rank(LARGE_DP, p.tables, 2) == [2, 2]  # p4 and p6 all-reduced: a kernel of their own
+    # one all-reduce call for the group: each table pays its bytes, the group the call's fixed cost
+    two = [replace(t, data_parallel_mode="allreduce") for t in p.tables if t.name in ("p4", "p6")]
+    alone = [rank_perfs(LARGE_DP, topo, [t])[0].dp_allreduce_ms - mode_group_perf(topo, "allreduce").dp_allreduce_ms for t in two]
+    fixed = mode_group_perf(topo, "allreduce").dp_allreduce_ms
+    assert fixed > 0 and rank_perfs(LARGE_DP, topo, two)[0].dp_allreduce_ms == pytest.approx(sum(alone) + fixed)
+    assert mode_group_perf(topo, "replicated_lookup").input_dist_ms > 0
+    # a table cheaper all-reduced alone by less than its group's fixed costs (0.23 ms all-reduce call + 0.48 ms kernel)
+    edge = TableSpec("edge", 50_500, 32, 5.0, feature_names=("ef",), optimizer="rowwise_adagrad")
+    assert 0 < _ms_on(edge, topo, "replicated_lookup") - _ms_on(edge, topo, "allreduce") < 0.7
+    assert cheaper_data_parallel_mode(edge, topo) == "allreduce"
+    specs = LARGE_DP[:2] + [edge]
+    q = manual_plan(specs, topo, {s.name: ("data_parallel", ()) for s in specs})
+    assert [t.data_parallel_mode for t in q.tables] == ["replicated_lookup"] * 3
+    per_table = [replace(t, data_parallel_mode=cheaper_data_parallel_mode(s, topo)) for t, s in zip(q.tables, specs)]
+    assert q.max_rank_ms < evaluate(specs, topo, per_table).max_rank_ms
+    # the search gives each table its own mode; the plan then moves the group as evaluate does
+    from embshard.planner.types import Constraints, TableConstraint
+
+    dp_only = Constraints({s.name: TableConstraint((ShardingType.DATA_PARALLEL,)) for s in specs})
+    searched = plan(specs, topo, dp_only, time_budget_s=1)
+    assert [t.data_parallel_mode for t in searched.tables] == ["replicated_lookup"] * 3
+    assert searched.search["method"].endswith("+data_parallel_modes") and searched.max_rank_ms == pytest.approx(q.max_rank_ms)
+
+
+def _ms_on(spec: TableSpec, topo: Topology, mode: str) -> float:
+    return data_parallel_perf(spec, topo, False, mode).total_ms

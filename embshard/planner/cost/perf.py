@@ -40,7 +40,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   ``dp_dense_gb_per_s``, a rate of its own), or, with
   a placement's ``data_parallel_mode`` "replicated_lookup" (the planner picks the cheaper mode per
   table, `cheaper_data_parallel_mode`), cost what a table-wise holder of the global batch costs, on
-  every rank (`replicated_lookup_perf`);
+  every rank (`replicated_lookup_perf`); each mode present adds its group's fixed costs once (`mode_group_perf`;
+  `embshard.planner.dp_modes` weighs them at plan level);
 - routing, paid by the sender and by the receiver: per id and per bag length in input dist,
   per embedding byte (copy and assembly) in output dist, and for sequence tables an extra
   cost per id in both;
@@ -281,8 +282,8 @@ def cheaper_data_parallel_mode(spec: TableSpec, topo: Topology, inference: bool 
 
 def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
     """A replicated table looked up locally, its dense gradient all-reduced (the runtime's
-    "allreduce" mode, embshard.runtime.dense_replicas; it all-reduces a collection's replicated
-    tables together, each table here pays the collective's fixed cost: an upper bound)."""
+    "allreduce" mode, embshard.runtime.dense_replicas). The runtime all-reduces the mode's tables of a collection
+    in one buffer: a table pays its bytes, the call's fixed cost is the mode group's (`mode_group_perf`)."""
     B, F, N, D = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
@@ -306,7 +307,7 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=_dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo),
+        dp_allreduce_ms=_dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo) - _dp_exchange_ms(0, topo),
     ), topo)
 
 
@@ -347,13 +348,34 @@ def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
                 lookup_bwd_ms=held.lookup_bwd_ms)
 
 
-def kernel_group(spec: TableSpec, stype: ShardingType, num_cols: int) -> tuple:
-    """The lookup kernel a block of ``spec`` runs in, as the runtime groups them: pooled
-    sharded blocks by optimizer, sequence blocks by (optimizer, width), data-parallel
-    replicas (on every rank) by (optimizer, dim)."""
+def kernel_group(spec: TableSpec, stype: ShardingType, num_cols: int, mode: str = "") -> tuple:
+    """The lookup kernel a block of ``spec`` runs in, as the runtime groups them (embshard.runtime.routing):
+    pooled blocks by optimizer, sequence blocks by (optimizer, width); data-parallel replicas (on every
+    rank) likewise, apart per data-parallel ``mode`` (each mode group has kernels of its own)."""
+    width = 0 if spec.pooled else num_cols
     if stype is ShardingType.DATA_PARALLEL:
-        return ("dp", spec.pooled, spec.optimizer, spec.embedding_dim)
-    return ("sharded", spec.pooled, spec.optimizer, 0 if spec.pooled else num_cols)
+        return ("dp", mode, spec.pooled, spec.optimizer, width)
+    return ("sharded", spec.pooled, spec.optimizer, width)
+
+
+def dp_mode_of(t) -> str | None:
+    """The data-parallel mode group a placement (TablePlacement-like) runs a replica in: its mode, "allreduce"
+    for hot rows' replicas, None for none."""
+    if t.sharding_type is ShardingType.DATA_PARALLEL:
+        return t.data_parallel_mode or "allreduce"
+    return "allreduce" if getattr(t, "hot_rows", 0) else None
+
+
+def mode_group_perf(topo: Topology, mode: str, inference: bool = False) -> Perf:
+    """What a collection pays once per data-parallel mode group present (embshard.runtime.collection, beside
+    each table's share and each kernel's call): "allreduce", the fixed cost of its one all-reduce (or
+    reduce-scatter and all-gather) of the group's buffer; "replicated_lookup", the fixed cost of its own input
+    dist (three collectives: batch sizes, lengths, ids). Serving looks replicas up locally: nothing."""
+    if inference:
+        return Perf()
+    if mode == "allreduce":
+        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)), topo)
+    return _factored(Perf(input_dist_ms=topo.input_dist_call_ms + 3 * collective_fixed_ms(topo)), topo)
 
 
 def kernel_calls_per_rank(specs: Sequence[TableSpec], placements: Sequence, world_size: int) -> list[int]:
@@ -362,8 +384,8 @@ def kernel_calls_per_rank(specs: Sequence[TableSpec], placements: Sequence, worl
     every, held = set(), [set() for _ in range(world_size)]
     for t in placements:
         spec = by_name[t.name]
-        if t.sharding_type is ShardingType.DATA_PARALLEL or getattr(t, "hot_rows", 0):  # hot rows: a replica kernel too
-            every.add(kernel_group(spec, ShardingType.DATA_PARALLEL, spec.embedding_dim))
+        if dp_mode_of(t):  # hot rows: a replica kernel too
+            every.add(kernel_group(spec, ShardingType.DATA_PARALLEL, spec.embedding_dim, dp_mode_of(t)))
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             continue
         for s in t.shards:
@@ -432,6 +454,8 @@ def rank_perfs(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
         for s in t.shards:
             held[s.rank] = held[s.rank] + holder_perf(spec, topo, t.sharding_type, s.num_rows, s.num_cols, k,
                                                       s.location, s.cache_rows)
+    for mode in {dp_mode_of(t) for t in placements} - {None}:
+        every = every + mode_group_perf(topo, mode, inference)
     collections = num_collections(specs)
     return [rank_perf(held[r], requester, every, fixed_perf(topo, collections, calls), topo)
             for r, calls in enumerate(kernel_calls_per_rank(specs, placements, W))]

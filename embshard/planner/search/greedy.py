@@ -216,7 +216,8 @@ def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, in
     Replicating a table saves every rank its requester traffic for it and costs every rank
     a local lookup, a dense update and an all-reduce, plus a replica's bytes. Units with a
     net saving go in by saving per replica byte while the replicas leave room for the rest
-    (their smallest total bytes over W, times `headroom`).
+    (their smallest total bytes over W, times `headroom`); a data-parallel mode group's only where
+    they save more than its fixed cost (`Problem.group_ms`).
     """
     W = problem.topo.world_size
     options = []
@@ -229,13 +230,14 @@ def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, in
             if cv.data_parallel and sharded:
                 saving = min(sum(s.req_vec) + s.every_ms for s in sharded) - cv.every_ms  # (half duplex: requester side in every_ms)
                 if saving > 0:
-                    options.append((saving / max(cv.every_mem, 1), ui, ci, cv.every_mem, rest))
+                    options.append((saving / max(cv.every_mem, 1), ui, ci, cv.every_mem, rest, saving))
     budget = problem.free_bytes - headroom * rest_bytes / W
     needs = largest_shard_needs(problem)
     by_need = sorted(range(len(needs)), key=lambda u: -needs[u])  # the largest need of the units not chosen: the first of these not chosen
     replicas_bytes, first = 0, 0
     chosen: dict[int, int] = {}
-    for _, ui, ci, mem, rest in sorted(options, reverse=True):
+    saved: dict[int, float] = {}  # per data-parallel mode group: what its chosen units save
+    for _, ui, ci, mem, rest, saving in sorted(options, reverse=True):
         while first < len(by_need) and by_need[first] in chosen:
             first += 1
         other = next((u for u in by_need[first:] if u != ui and u not in chosen), None)
@@ -243,4 +245,8 @@ def replication_prepass(problem: Problem, headroom: float = 1.1) -> dict[int, in
             chosen[ui] = ci
             budget -= mem - headroom * rest / W
             replicas_bytes += mem
-    return chosen
+            for g in problem.units[ui].cands[ci].every_groups:
+                saved[g] = saved.get(g, 0.0) + saving
+    # a group that saves less than its own fixed cost (`Problem.group_ms`) is not worth starting
+    losing = {g for g, ms in saved.items() if problem.group_ms and ms <= problem.group_ms[g]}
+    return {ui: ci for ui, ci in chosen.items() if not losing & set(problem.units[ui].cands[ci].every_groups)}

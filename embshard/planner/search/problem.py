@@ -8,8 +8,8 @@ vector every rank pays on its all-to-all phases, the every-rank compute and byte
 
 A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E + c * K  over the three
 all-to-all phases p, where H sums the shards it holds, U the requester side of every
-table, E the every-rank time (data-parallel tables and the step's fixed per-collection
-costs) and K the lookup kernels the rank runs, at c = `kernel_call_ms` each. This is
+table, E the every-rank time (data-parallel tables, the step's fixed per-collection
+costs and each data-parallel mode group's, `mode_group_perf`) and K the lookup kernels the rank runs, at c = `kernel_call_ms` each. This is
 `embshard.planner.cost.perf.rank_perfs` flattened: on half-duplex topologies
 (``full_duplex`` false) an all-to-all phase costs H_p + U_p, so the requester side is
 folded into E and U is zero; c and the fixed costs are 0 in the datasheet model.
@@ -25,12 +25,12 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from embshard.planner.cost.perf import fixed_perf, kernel_call_ms, kernel_group, num_collections
+from embshard.planner.cost.perf import dp_mode_of, fixed_perf, kernel_call_ms, kernel_group, mode_group_perf, num_collections
 from embshard.planner.cost.storage import requester_storage
 from embshard.planner.enumerate import candidate, enumerate_candidates, forward_only
 from embshard.planner.types import Candidate, Constraints, Perf, ShardingType
 from embshard.specs import TableSpec
-from embshard.topology import Topology
+from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 
 def perf_vector(p: Perf) -> tuple[float, float, float, float]:
@@ -51,6 +51,7 @@ class CandVec:
     shard_kernels: tuple[tuple[int, ...], ...] = ()  # per shard: the lookup kernels it runs in (when they cost)
     every_kernels: tuple[int, ...] = ()  # kernels every rank runs for it (data-parallel)
     shard_host_mem: tuple[int, ...] = ()  # per shard: host-memory bytes (empty: none, every shard in HBM)
+    every_groups: tuple[int, ...] = ()  # the data-parallel mode group it runs a replica in (index in DATA_PARALLEL_MODES)
 
     def host_mem(self, i: int) -> int:
         """Host-memory bytes of shard i."""
@@ -121,10 +122,11 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo, inference).total_bytes
     st = cands[0].sharding_type
     shard_kernels, every_kernels = (), ()
+    mode = dp_mode_of(cands[0])  # hot rows: a replica on every rank too
     if kernel_index is not None:
-        if st is ShardingType.DATA_PARALLEL or cands[0].hot_rows:  # hot rows: a replica kernel on every rank
+        if mode:
             dp = ShardingType.DATA_PARALLEL
-            every_kernels = tuple(sorted({kernel_index(kernel_group(s, dp, s.embedding_dim)) for s in specs}))
+            every_kernels = tuple(sorted({kernel_index(kernel_group(s, dp, s.embedding_dim, mode)) for s in specs}))
         if st is not ShardingType.DATA_PARALLEL:
             blocks = [c.blocks for c in cands]
             shard_kernels = tuple(tuple(sorted({kernel_index(kernel_group(s, st, b[i].num_cols)) for s, b in zip(specs, blocks)}))
@@ -132,7 +134,7 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
     host_mem = tuple(f[3] for f in per_shard) if any(f[3] for f in per_shard) else ()
     return CandVec(tuple(cands), tuple(vecs), tuple(f[1] for f in per_shard), tuple(f[2] for f in per_shard), tuple(req),
                    every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL, shard_kernels, every_kernels,
-                   host_mem)
+                   host_mem, (DATA_PARALLEL_MODES.index(mode),) if mode else ())
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ class Problem:
     rank_ordered_rows: bool = False  # row blocks go to their ranks in rank order (TorchRec's layout: torchrec_compatible)
     unsplit_for_time: int = 0  # tables offered no splits because enumeration ran past its deadline
     host_cap_bytes: int = 0  # host memory per rank for shards kept there (topology.ddr_gib)
+    group_ms: tuple[float, ...] = ()  # per data-parallel mode (DATA_PARALLEL_MODES order): its group's fixed cost
 
     @cached_property
     def flat_cands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -263,8 +266,9 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     base_mem = sum(requester_storage(s, topo, inference).total_bytes for s in specs)
     fixed = fixed_perf(topo, num_collections(specs), 0)
     base_ms = (forward_only(fixed) if inference else fixed).total_ms
+    group_ms = tuple(mode_group_perf(topo, m, inference).total_ms for m in DATA_PARALLEL_MODES)
     return Problem(topo, tuple(units), topo.shard_memory_cap_bytes, base_mem, base_ms, call_ms, inference, torchrec_compatible,
-                   unsplit_for_time, topo.host_memory_cap_bytes)
+                   unsplit_for_time, topo.host_memory_cap_bytes, group_ms)
 
 
 class RankState:
@@ -289,6 +293,7 @@ class RankState:
         self.kernels: list[dict[int, int]] = [dict() for _ in range(W)]
         self.num_kernels = np.zeros(W)  # len(kernels[r]) per rank
         self.every_kernels: dict[int, int] = {}
+        self.every_groups: dict[int, int] = {}  # data-parallel units per mode group; E holds each present group's cost
         self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
         self.rushed = 0  # units greedy placed past its deadline (one-shard candidates only)
 
@@ -309,6 +314,7 @@ class RankState:
         new.call_ms = self.call_ms
         new.kernels = [dict(k) for k in self.kernels]
         new.every_kernels = dict(self.every_kernels)
+        new.every_groups = dict(self.every_groups)
         new.hosts_of = None
         new.rushed = self.rushed
         return new
@@ -366,7 +372,11 @@ class RankState:
             h = h.copy()
             h[list(ranks)] += cv.shard_array
         return (np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3]
-                + (self.E + cv.every_ms))
+                + (self.E + cv.every_ms + self._new_groups_ms(cv)))
+
+    def _new_groups_ms(self, cv: CandVec) -> float:
+        """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
+        return sum(self.problem.group_ms[g] for g in cv.every_groups if not self.every_groups.get(g))
 
     def cheapest_first(self, ranks: Iterable[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
@@ -418,7 +428,12 @@ class RankState:
         for p in range(3):
             self.U[p] += sign * cv.req_vec[p]
         self.E += sign * cv.every_ms
+        if sign > 0:
+            self.E += self._new_groups_ms(cv)
         _count(self.every_kernels, cv.every_kernels, sign)
+        _count(self.every_groups, cv.every_groups, sign)
+        if sign < 0:
+            self.E -= self._new_groups_ms(cv)
         self.UM += sign * cv.every_mem
         self.choice[ui] = (ci, ranks) if sign > 0 else None
         self.chosen[ui] = ci if sign > 0 else -1

@@ -1,0 +1,41 @@
+"""The data-parallel mode of each replicated table of a plan, chosen at plan level.
+
+Each table gets its cheaper mode alone (`embshard.planner.cost.perf.cheaper_data_parallel_mode`);
+a collection then pays each mode group it runs once more (its kernels, and its all-reduce or its
+own input dist: `embshard.planner.cost.perf.mode_group_perf`), which no table's choice alone sees.
+So the per-table choice is compared with every chosen table in one mode, then the other, by the
+plan's objective (the slowest rank of `rank_perfs`, what the search minimises), and the lowest kept;
+`embshard.planner.plan` does so after its search, `evaluate` for placements given without modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from embshard.planner.cost.perf import cheaper_data_parallel_mode, rank_perfs
+from embshard.planner.types import ShardingType
+from embshard.specs import TableSpec
+from embshard.topology import DATA_PARALLEL_MODES, Topology
+
+
+def choose_data_parallel_modes(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
+                               inference: bool = False) -> list:
+    """placements (TablePlacement-like) with a mode for every data-parallel one that has none; recorded modes are kept."""
+    by_name = {s.name: s for s in specs}
+    free = {t.name for t in placements if t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode is None}
+    if not free:
+        return list(placements)
+    per_table = {n: cheaper_data_parallel_mode(by_name[n], topo, inference) for n in free}
+    options = [per_table]
+    # both groups: each moved into the other (not with sharded updates, where the modes' memory differs: the
+    # per-table choice is what the search fitted into memory)
+    if len(set(per_table.values())) > 1 and not topo.sharded_dp_update:
+        options += [dict.fromkeys(free, mode) for mode in DATA_PARALLEL_MODES]
+    best, best_ms = None, float("inf")
+    for modes in options:  # ties: the per-table choice
+        chosen = [replace(t, data_parallel_mode=modes[t.name]) if t.name in free else t for t in placements]
+        ms = max(p.total_ms for p in rank_perfs(specs, topo, chosen, inference)) if len(options) > 1 else 0.0
+        if ms < best_ms:
+            best, best_ms = chosen, ms
+    return best
