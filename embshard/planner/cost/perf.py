@@ -97,13 +97,17 @@ def expected_distinct_rows(num_ids: float, num_rows: int) -> float:
     return num_rows * -math.expm1(-num_ids / num_rows) if num_rows > 0 else 0.0
 
 
-def _factored(p: Perf, topo: Topology, link: Perf = Perf()) -> Perf:
+_NO_LINK = Perf()
+
+
+def _factored(p: Perf, topo: Topology, link: Perf = _NO_LINK) -> Perf:
     """Per-phase efficiency factors of a calibrated profile (all 1 in the datasheet model) on ``p``, plus ``link``:
     time on inter-host links, which the factors (a rank's work in whole steps on one host) do not scale --
     inter_host_gb_per_s is fitted as the wall time of collectives between hosts (embshard.calibrate.hosts)."""
-    return Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
-                p.output_dist_fwd_ms * topo.output_dist_factor, p.output_dist_bwd_ms * topo.output_dist_factor,
-                p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor) + link
+    factored = Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
+                    p.output_dist_fwd_ms * topo.output_dist_factor, p.output_dist_bwd_ms * topo.output_dist_factor,
+                    p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor)
+    return factored if link is _NO_LINK else factored + link
 
 
 def row_bytes(spec: TableSpec, num_cols: int) -> int:
