@@ -3,27 +3,21 @@ longer for their CPU work, never for the time their bytes spend on inter-host li
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from embshard.planner import evaluate, manual_plan
 from embshard.planner.plan import ShardingPlan
 from embshard.specs import TableSpec
 from embshard.topology import PHASE_FACTORS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "plans_multihost.py"
 PROFILE = ShardingPlan.load(Path(__file__).resolve().parents[1] / "planner" / "data" / "plan_v9.json").topology  # cpu_gloo_measured, 2 x 2
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("plans_multihost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark):
+    return load_benchmark("plans_multihost")
 
 
 def test_half_a_core_per_rank_doubles_the_cpu_phases_not_the_inter_host_link(bench):

@@ -13,17 +13,19 @@ from embshard.specs import TableSpec
 from embshard.topology import Topology
 
 
-class _LocalPart(torch.autograd.Function):
-    """Stands in for embshard.runtime.comm._LocalPart (same class name, no process group)."""
+def _stand_in(name: str, backward_work) -> type:
+    """An autograd Function named like the runtime's node it stands in for (the phase clock goes by the class
+    name): identity forward; backward runs backward_work(grad) and returns its result."""
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(lambda ctx, x: x * 1.0),
+                                                   "backward": staticmethod(lambda ctx, grad: backward_work(grad))})
 
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
 
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(0.01)
-        return grad * 2.0
+def _sleep_and_double(grad):
+    time.sleep(0.01)
+    return grad * 2.0
+
+
+_LocalPart = _stand_in("_LocalPart", _sleep_and_double)  # embshard.runtime.comm._LocalPart, no process group
 
 
 def test_replicas_gradient_exchange_counts_as_output_dist_backward():
@@ -35,21 +37,17 @@ def test_replicas_gradient_exchange_counts_as_output_dist_backward():
     assert clock.wall["output_dist_bwd_ms"] >= 0.01 and "lookup_bwd_ms" not in clock.wall
 
 
-class _LocalLookup(torch.autograd.Function):
-    """Stands in for embshard.runtime.dense_replicas._LocalLookup: backward updates the replicas (10 ms) and
-    all-reduces their gradients hierarchically (as embshard.runtime.wire does, through the module's name)."""
+def _update_and_all_reduce(grad):
+    """embshard.runtime.dense_replicas._LocalLookup's backward: updates the replicas (10 ms) and all-reduces
+    their gradients hierarchically (as embshard.runtime.wire does, through the module's name)."""
+    from embshard.runtime import wire
 
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1.0
+    time.sleep(0.01)
+    wire.hierarchical_all_reduce(grad, None)
+    return grad
 
-    @staticmethod
-    def backward(ctx, grad):
-        from embshard.runtime import wire
 
-        time.sleep(0.01)
-        wire.hierarchical_all_reduce(grad, None)
-        return grad
+_LocalLookup = _stand_in("_LocalLookup", _update_and_all_reduce)
 
 
 def test_replicas_update_is_lookup_backward_and_their_all_reduce_dp_allreduce_hierarchy_whole(monkeypatch):
