@@ -148,13 +148,23 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
-    if topology.reduces_in_host:  # across hosts: flat collectives where the in-host reduction costs more than it saves
-        flat = evaluate(specs, replace(topology, reduce_in_host=False), placements, constraints, lower_bound=bound,
-                        search={**search, "reduce_in_host": False}, inference=inference, hot_ids_file=hot_ids_file)
-        if flat.max_rank_ms < result.max_rank_ms:
-            result, search = flat, flat.search
+    if topology.reduces_in_host and _reduces_in_host(specs, placements):  # flat where the reduction costs more than it saves
+        flat_topology = replace(topology, reduce_in_host=False)  # priced first, reported only where it wins
+        if max(p.total_ms for p in rank_perfs(specs, flat_topology, placements, inference)) < result.max_rank_ms:
+            result = evaluate(specs, flat_topology, placements, constraints, lower_bound=bound,
+                              search={**search, "reduce_in_host": False}, inference=inference, hot_ids_file=hot_ids_file)
+            search = result.search
     clock.lap("report")
     return replace(result, search={**search, **clock.block()})
+
+
+def _reduces_in_host(specs: Sequence[TableSpec], placements: Sequence[TablePlacement]) -> bool:
+    """Whether anything of these placements runs differently with the in-host reduction on (across hosts):
+    pooled row-split outputs (reduced in the host first) or an all-reduce (data-parallel tables in the allreduce
+    mode, hot rows), which may go hierarchical. Otherwise the flat variant costs the same, and is not priced."""
+    by_name = {s.name: s for s in specs}
+    return any((t.sharding_type.splits_rows and by_name[t.name].pooled) or t.hot_rows
+               or (t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode == "allreduce") for t in placements)
 
 
 def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[RankState, str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from embshard.cli import CONFIG_DIR
 from embshard.planner.search.greedy import default_order, greedy_retrying
 from embshard.planner.search.local import PATIENCE, local_search
 from embshard.planner.search.problem import build_problem
@@ -13,7 +14,7 @@ from embshard.planner.types import Constraints
 from embshard.specs import load_tables_file
 from embshard.topology import Topology
 
-TABLES = Path(__file__).resolve().parents[2] / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml"
+TABLES = Path(CONFIG_DIR) / "tables" / "criteo_tb_measured.yaml"  # the installed package's (tests also run from the wheel)
 
 
 def test_local_search_stops_at_a_placement_seen_before() -> None:
