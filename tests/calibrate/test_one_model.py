@@ -14,7 +14,7 @@ from embshard.cli import CONFIG_DIR
 from embshard.calibrate.synthetic import bench_tables
 from embshard.planner import evaluate, plan
 from embshard.planner.api import placements_of
-from embshard.planner.cost.perf import kernel_call_ms, kernel_calls_per_rank
+from embshard.planner.cost.perf import kernel_call_ms, kernel_calls_per_rank, mode_group_perf
 from embshard.planner.search.greedy import default_order, greedy, replication_prepass
 from embshard.planner.search.local import _cost_delta, local_search
 from embshard.planner.search.problem import build_problem
@@ -55,9 +55,12 @@ def test_search_objective_is_evaluate_on_a_calibrated_profile(world_size, seed):
 
 def test_replicating_first_needs_a_saving_above_the_mode_group_fixed_cost():
     """Four tables each save a little replicated (0.56 ms together), less than the allreduce group's fixed cost
-    (0.9 ms): no replicate-first start (it ended above plain greedy when the budget allowed one start)."""
-    problem = build_problem(mixed_tables(14, 2), profile(4), Constraints())
-    assert problem.group_ms[0] == pytest.approx(0.900108) and replication_prepass(problem) == {}
+    (0.90 ms on the profile before a51ae75, 0.95 ms on a51ae75's): no replicate-first start (it ended above plain
+    greedy when the budget allowed one start). The group's cost is the model's, whatever the shipped profile says."""
+    topo = profile(4)
+    problem = build_problem(mixed_tables(14, 2), topo, Constraints())
+    assert problem.group_ms[0] == pytest.approx(mode_group_perf(topo, "allreduce").total_ms) and problem.group_ms[0] > 0.5
+    assert replication_prepass(problem) == {}
 
 
 def test_kernel_calls_are_tracked_exactly_through_moves_and_swaps():
