@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from embshard.comms import CommsPrecision
 from embshard.planner.cost.hot_rows import hot_split
-from embshard.planner.cost.perf import rank_perfs
+from embshard.planner.cost.perf import dp_mode_of, rank_perfs
 from embshard.planner.dp_modes import choose_data_parallel_modes
 from embshard.planner.enumerate import forward_only
 from embshard.planner.footprint import check_planner_memory
@@ -139,10 +139,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     # the search gave each replicated table its own cheaper mode: one group moved into the other may cost less
-    regrouped = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements], inference)
+    regrouped, regrouped_ms = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements],
+                                                         inference, with_ms=True)
     if regrouped != placements:
         placements, method = regrouped, method + "+data_parallel_modes"
-        scored_ms = max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
+        scored_ms = regrouped_ms if regrouped_ms is not None else max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)
@@ -163,8 +164,7 @@ def _reduces_in_host(specs: Sequence[TableSpec], placements: Sequence[TablePlace
     pooled row-split outputs (reduced in the host first) or an all-reduce (data-parallel tables in the allreduce
     mode, hot rows), which may go hierarchical. Otherwise the flat variant costs the same, and is not priced."""
     by_name = {s.name: s for s in specs}
-    return any((t.sharding_type.splits_rows and by_name[t.name].pooled) or t.hot_rows
-               or (t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode == "allreduce") for t in placements)
+    return any((t.sharding_type.splits_rows and by_name[t.name].pooled) or dp_mode_of(t) == "allreduce" for t in placements)
 
 
 def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[RankState, str, float]:

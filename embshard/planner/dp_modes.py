@@ -20,12 +20,13 @@ from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 
 def choose_data_parallel_modes(specs: Sequence[TableSpec], topo: Topology, placements: Sequence,
-                               inference: bool = False) -> list:
-    """placements (TablePlacement-like) with a mode for every data-parallel one that has none; recorded modes are kept."""
+                               inference: bool = False, with_ms: bool = False):
+    """placements (TablePlacement-like) with a mode for every data-parallel one that has none; recorded modes are kept.
+    With ``with_ms``, (placements, their objective), the objective None where a single option was not priced."""
     by_name = {s.name: s for s in specs}
     free = {t.name for t in placements if t.sharding_type is ShardingType.DATA_PARALLEL and t.data_parallel_mode is None}
     if not free:
-        return list(placements)
+        return (list(placements), None) if with_ms else list(placements)
     per_table = {n: cheaper_data_parallel_mode(by_name[n], topo, inference) for n in free}
     options = [per_table]
     # both groups: each moved into the other (not with sharded updates, where the modes' memory differs: the
@@ -38,4 +39,6 @@ def choose_data_parallel_modes(specs: Sequence[TableSpec], topo: Topology, place
         ms = max(p.total_ms for p in rank_perfs(specs, topo, chosen, inference)) if len(options) > 1 else 0.0
         if ms < best_ms:
             best, best_ms = chosen, ms
+    if with_ms:
+        return best, best_ms if len(options) > 1 else None
     return best
