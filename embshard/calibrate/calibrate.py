@@ -172,12 +172,17 @@ def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any
     return data
 
 
+def _two_hosts(batch_size: int, device: str, **kwargs) -> Topology:
+    """The topology of the pairs' layouts: HOST_REDUCE_RANKS ranks as 2 hosts (run on local ranks)."""
+    return Topology(world_size=HOST_REDUCE_RANKS, local_world_size=HOST_REDUCE_RANKS // 2, hbm_gib=16,
+                    batch_size_per_rank=batch_size, device=device, **kwargs)
+
+
 def host_reduce_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu") -> list[ShardingPlan]:
     """Random layouts where the in-host reduction has work (synthetic.host_reduce_plan), on 4 ranks as 2 hosts x 2."""
     from embshard.calibrate.synthetic import bench_tables, host_reduce_plan  # imports torch
 
-    topo = Topology(world_size=HOST_REDUCE_RANKS, local_world_size=HOST_REDUCE_RANKS // 2, hbm_gib=16, batch_size_per_rank=batch_size,
-                    device=device, replicated_dp_lookup=True)
+    topo = _two_hosts(batch_size, device, replicated_dp_lookup=True)
     seeds = [pcfg["seed"] + 7_000 + i for i in range(pcfg["host_reduce_plans"])]
     return [host_reduce_plan(bench_tables(pcfg["num_tables"], s, pcfg["max_rows"], pcfg["max_pooling"]), topo, s) for s in seeds]
 
@@ -185,11 +190,8 @@ def host_reduce_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "c
 def measure_host_reduce(pcfg: Mapping[str, Any], batch_size: int, device: str, timeout_s: float, log) -> list[dict[str, Any]]:
     """Each host_reduce_plans layout run on local ranks with the in-host reduction and with reduce_in_host off: what the
     reduction's own CPU work costs (on one host the 'other host' is local ranks; fit.host_reduce_fit)."""
-    if not pcfg["host_reduce_plans"] or not runnable_world_sizes([HOST_REDUCE_RANKS], device, "in-host reduction", log):
-        return []
-    on = host_reduce_plans(pcfg, batch_size, device)
-    log(f"in-host reduction: {len(on)} random layouts on {HOST_REDUCE_RANKS} ranks as 2 hosts, with and without it")
-    return _with_and_without(on, pcfg, timeout_s, device)
+    return _measure_pairs(pcfg["host_reduce_plans"], lambda: host_reduce_plans(pcfg, batch_size, device), "in-host reduction",
+                          "random layouts on {ranks} ranks as 2 hosts, with and without it", pcfg, device, timeout_s, log)
 
 
 def dp_hier_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu") -> list[ShardingPlan]:
@@ -198,8 +200,7 @@ def dp_hier_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu")
     from embshard.calibrate.synthetic import bench_tables, dp_hier_plan  # imports torch
     from embshard.planner.cost.allreduce import hierarchical_allreduce
 
-    topo = Topology(world_size=HOST_REDUCE_RANKS, local_world_size=HOST_REDUCE_RANKS // 2, hbm_gib=16, batch_size_per_rank=batch_size,
-                    device=device)
+    topo = _two_hosts(batch_size, device)
     seeds = [pcfg["seed"] + 8_000 + i for i in range(pcfg["dp_hier_plans"])]
     plans = [dp_hier_plan(bench_tables(pcfg["num_tables"], s, pcfg["max_rows"], pcfg["max_pooling"]), topo, s) for s in seeds]
     assert all(hierarchical_allreduce(sum(dp_allreduce_bytes(p)), p.topology) for p in plans)
@@ -209,10 +210,18 @@ def dp_hier_plans(pcfg: Mapping[str, Any], batch_size: int, device: str = "cpu")
 def measure_dp_hier(pcfg: Mapping[str, Any], batch_size: int, device: str, timeout_s: float, log) -> list[dict[str, Any]]:
     """Each dp_hier_plans layout run on local ranks all-reduced hierarchically and with reduce_in_host off (one ring):
     what the hierarchy's own CPU work costs (fit.dp_hier_fit)."""
-    if not pcfg["dp_hier_plans"] or not runnable_world_sizes([HOST_REDUCE_RANKS], device, "hierarchical all-reduce", log):
+    return _measure_pairs(pcfg["dp_hier_plans"], lambda: dp_hier_plans(pcfg, batch_size, device), "hierarchical all-reduce",
+                          "data-parallel layouts on {ranks} ranks as 2 hosts, hierarchical and ring", pcfg, device, timeout_s, log)
+
+
+def _measure_pairs(count: int, make_plans, what: str, description: str, pcfg: Mapping[str, Any], device: str,
+                   timeout_s: float, log) -> list[dict[str, Any]]:
+    """count layouts from make_plans(), each measured as is and flat (`_with_and_without`); [] where none is
+    asked for or HOST_REDUCE_RANKS local ranks cannot run."""
+    if not count or not runnable_world_sizes([HOST_REDUCE_RANKS], device, what, log):
         return []
-    on = dp_hier_plans(pcfg, batch_size, device)
-    log(f"hierarchical all-reduce: {len(on)} data-parallel layouts on {HOST_REDUCE_RANKS} ranks as 2 hosts, hierarchical and ring")
+    on = make_plans()
+    log(f"{what}: {len(on)} " + description.format(ranks=HOST_REDUCE_RANKS))
     return _with_and_without(on, pcfg, timeout_s, device)
 
 
