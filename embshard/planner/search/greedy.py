@@ -37,8 +37,8 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
         return ()
     order = cv.largest_first
     if after and by_cost:
-        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]])
         costs = state.costs_after(cv.shard_vec[order[0]])
+        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]], costs)
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete

@@ -171,8 +171,11 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
+        floors = state.floors_ms(units[ui].cands)
         best = None
         for ci, cv in enumerate(units[ui].cands):
+            if floors[ci] > ceiling + EPS:  # its maximum is above the ceiling on any ranks: not accepted
+                continue
             pick = place(state, units[ui], cv, by_cost, base, after=True)
             if pick is None:
                 continue
@@ -202,6 +205,7 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
+        floors = state.floors_ms(units[ui].cands)
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
         for ci, cv in enumerate(units[ui].cands):
             pick = place(state, units[ui], cv, by_cost, base, after=True)
@@ -213,6 +217,8 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
             if time.perf_counter() > deadline:
                 return None
+            if floors[ci] >= cmax:  # moves and swaps cannot bring every rank below cmax
+                continue
             trial = state.copy()
             trial.remove(ui)
             trial.add(ui, ci, pick)

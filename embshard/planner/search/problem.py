@@ -374,6 +374,18 @@ class RankState:
         return (np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3]
                 + (self.E + cv.every_ms + self._new_groups_ms(cv)))
 
+    def floors_ms(self, cands: Iterable[CandVec]) -> list[float]:
+        """Per candidate, a lower bound on the slowest rank's time with it added on any ranks: the mean
+        over ranks, at least sum_p max(sum_r H_rp, W U_p) / W + sum_r H_r3 / W + E (kernel calls and new
+        mode groups left out). Moves and swaps keep these sums, so no moving of shards brings every rank
+        below it; a layout that lifts it above a target cannot be repaired to it."""
+        W = len(self.H)
+        s = self.Hn.sum(axis=0).tolist()
+        u, e = self.U, self.E
+        return [(max(s[0] + h[0], W * (u[0] + q[0])) + max(s[1] + h[1], W * (u[1] + q[1])) + max(s[2] + h[2], W * (u[2] + q[2]))
+                 + s[3] + h[3]) / W + e + cv.every_ms
+                for cv in cands for h, q in ((cv.holder_sums, cv.req_vec),)]
+
     def _new_groups_ms(self, cv: CandVec) -> float:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
         return sum(self.problem.group_ms[g] for g in cv.every_groups if not self.every_groups.get(g))
@@ -395,10 +407,11 @@ class RankState:
         return (np.maximum(h[:, 0] + vec[0], u[0]) + np.maximum(h[:, 1] + vec[1], u[1]) + np.maximum(h[:, 2] + vec[2], u[2])
                 + h[:, 3] + (vec[3] + self.E))
 
-    def by_cost_after(self, ranks: list[int], vec) -> list[int]:
-        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order)."""
+    def by_cost_after(self, ranks: list[int], vec, after: np.ndarray | None = None) -> list[int]:
+        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order); `after`: costs_after(vec)
+        if the caller has it."""
         idx = np.asarray(ranks, dtype=np.int64)
-        return idx[np.argsort(self.costs_after(vec)[idx], kind="stable")].tolist()
+        return idx[np.argsort((self.costs_after(vec) if after is None else after)[idx], kind="stable")].tolist()
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
