@@ -208,6 +208,8 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         floors = state.floors_ms(units[ui].cands)
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
         for ci, cv in enumerate(units[ui].cands):
+            if floors[ci] >= cmax:  # moves and swaps cannot bring every rank below cmax
+                continue
             pick = place(state, units[ui], cv, by_cost, base, after=True)
             if pick is not None:
                 new_costs = state.cost_array_with(ui, ci, pick)
@@ -217,8 +219,6 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
             if time.perf_counter() > deadline:
                 return None
-            if floors[ci] >= cmax:  # moves and swaps cannot bring every rank below cmax
-                continue
             trial = state.copy()
             trial.remove(ui)
             trial.add(ui, ci, pick)
