@@ -187,7 +187,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
     replicate = replication_prepass(problem)
     if replicate:  # first: on many ranks the requester side it saves dominates, and the second start may not fit the time
         starts.insert(0, ("replicate-first greedy", replicate, ()))
-    if any(requester_floor_ms):  # first of all: on many ranks it starts lowest (greedy.greedy), and the others may not fit the time
+    if any(requester_floor_ms):  # first of all: on many ranks it starts lowest (greedy.greedy); not always, hence the others
         starts.insert(0, (f"{starts[0][0]} at the projected requester side", starts[0][1], requester_floor_ms))
     deadline = time.perf_counter() + clock.left_s() / 2
     started = set()  # the greedy placements polished so far
