@@ -25,7 +25,7 @@ from embshard.planner.memory import PlanInfeasibleError, check_caps, check_memor
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import cache_rows
 from embshard.planner.plan import RankReport, Replicas, ShardingPlan, TablePlacement, input_hash, validate_placements
-from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
+from embshard.planner.search.bound import Bound, lower_bound_ms, quick_bound_ms, solve_bound
 from embshard.planner.search.caches import grow_caches, tiers_first
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
@@ -91,14 +91,15 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     check_memory(problem)
     clock.reserve_report(clock.lap("enumerate"))
     if clock.left_s() > 0:
-        bound, exact = lower_bound_ms(problem, max(BOUND_SHARE * clock.left_s(), 0.05))
+        solved = solve_bound(problem, max(BOUND_SHARE * clock.left_s(), 0.05))
     else:
-        bound, exact = quick_bound_ms(problem), False
-    if not exact:
+        solved = Bound(quick_bound_ms(problem), False)
+    bound = solved.ms
+    if not solved.exact:
         clock.skip("LP bound (out of time; the quick bound is reported)")
     clock.lap("bound")
     good_enough = bound * (1 + GOOD_ENOUGH_GAP)
-    state, method, greedy_s = _best_start(problem, clock, good_enough)
+    state, method, greedy_s = _best_start(problem, clock, good_enough, solved.requester_ms)
     if problem.host_cap_bytes and max(state.costs()) > good_enough:  # tables may leave HBM: also start from there
         if clock.left_s() > 2 * greedy_s:
             tiered = tiers_first(problem, clock.search_deadline)
@@ -167,33 +168,37 @@ def _reduces_in_host(specs: Sequence[TableSpec], placements: Sequence[TablePlace
     return any((t.sharding_type.splits_rows and by_name[t.name].pooled) or dp_mode_of(t) == "allreduce" for t in placements)
 
 
-def _best_start(problem: Problem, clock: Clock, good_enough: float) -> tuple[RankState, str, float]:
-    """Greedy + local search from two starts (replicate-first, and plain); keep the faster plan.
+def _best_start(problem: Problem, clock: Clock, good_enough: float,
+                requester_floor_ms: tuple[float, ...] = ()) -> tuple[RankState, str, float]:
+    """Greedy + local search from up to three starts (replicate-first priced at the bound's projected
+    requester side `requester_floor_ms`, replicate-first, and plain); keep the faster plan.
 
-    The starts share half the time left; replicate-first goes first. The second start is
-    skipped when its greedy pass places every table as the first's did (on criteo_tb_measured the
-    plain pass replicates the same tables), when the first is already within GOOD_ENOUGH_GAP of the bound, when its greedy
-    pass would not fit the time left, or when the first start's local search is still
+    The starts share half the time left, in that order. A later start is
+    skipped when its greedy pass places every table as an earlier one did (on criteo_tb_measured the
+    plain pass replicates the same tables), when the best is already within GOOD_ENOUGH_GAP of the bound, when its greedy
+    pass would not fit the time left, or when the previous start's local search is still
     improving at the end of its share (it then goes on until the search deadline). Past the
     deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
     plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
     best, best_obj, method, failure, greedy_s = None, float("inf"), "", None, 0.0
-    starts = [("greedy", None)]
+    starts = [("greedy", None, ())]
     replicate = replication_prepass(problem)
     if replicate:  # first: on many ranks the requester side it saves dominates, and the second start may not fit the time
-        starts.insert(0, ("replicate-first greedy", replicate))
+        starts.insert(0, ("replicate-first greedy", replicate, ()))
+    if any(requester_floor_ms):  # first of all: on many ranks it starts lowest (greedy.greedy); not always, hence the others
+        starts.insert(0, (f"{starts[0][0]} at the projected requester side", starts[0][1], requester_floor_ms))
     deadline = time.perf_counter() + clock.left_s() / 2
     started = set()  # the greedy placements polished so far
-    for i, (name, replicate) in enumerate(starts):
+    for i, (name, replicate, floor) in enumerate(starts):
         if best_obj <= good_enough:
             break
         if best is not None and time.perf_counter() + greedy_s > deadline:
             clock.skip(f"{name} start (out of time)")
             continue
         try:
-            state = greedy_retrying(problem, order, replicate, clock.greedy_deadline)
+            state = greedy_retrying(problem, order, replicate, clock.greedy_deadline, requester_floor_ms=floor)
         except Unplaceable as e:
             failure = e
             state = None

@@ -27,6 +27,7 @@ no memory rows, S empty only: a relaxation of the same LP, so also a valid bound
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
@@ -76,9 +77,23 @@ def _largest_shard_terms(cols: list[tuple[int, CandVec]]) -> np.ndarray:
     return L
 
 
+@dataclass(frozen=True)
+class Bound:
+    ms: float
+    exact: bool  # the LP's bound (False: the quick bound, the LP ran out of time)
+    requester_ms: tuple[float, ...] = ()  # the LP solution's requester side per all-to-all phase (empty: no LP solution)
+
+
 def lower_bound_ms(problem: Problem, time_limit_s: float = float("inf")) -> tuple[float, bool]:
     """The LP bound, and True; or the quick bound and False when building and solving it runs past time_limit_s
     (the limit covers building the LP too: on large problems that is a good part of it)."""
+    bound = solve_bound(problem, time_limit_s)
+    return bound.ms, bound.exact
+
+
+def solve_bound(problem: Problem, time_limit_s: float = float("inf")) -> Bound:
+    """`lower_bound_ms` with the LP solution's requester side (what a plan choosing the LP's candidates
+    would have every rank pay on its all-to-all phases: the greedy start prices ranks with it)."""
     start = time.perf_counter()
     W, cap = problem.topo.world_size, problem.free_bytes
     cols = fitting_columns(problem)
@@ -147,11 +162,11 @@ def lower_bound_ms(problem: Problem, time_limit_s: float = float("inf")) -> tupl
     c[Z] = 1.0
     solve_s = time_limit_s - (time.perf_counter() - start)
     if solve_s <= 0:
-        return quick_bound_ms(problem), False
+        return Bound(quick_bound_ms(problem), False)
     res = linprog(c, A_ub=A_ub, b_ub=np.array(b_ub), A_eq=A_eq, b_eq=np.ones(num_units),
                   bounds=[(0, 1)] * n_y + [(0, None)] * 8, method="highs",
                   options={"time_limit": solve_s} if solve_s < float("inf") else None)
     if res.status == 1:  # time limit
-        return quick_bound_ms(problem), False
+        return Bound(quick_bound_ms(problem), False)
     assert res.status == 0, f"lower-bound LP failed: {res.message}"
-    return float(res.fun), True
+    return Bound(float(res.fun), True, tuple(float(v) for v in res.x[:n_y] @ req))
