@@ -36,7 +36,7 @@ from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, dp_allreduce_
 from embshard.calibrate.measure import PHASES, measure_plans
 from embshard.machine import cpu_model
 from embshard.planner.plan import ShardingPlan
-from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, Topology
+from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, SHARED_TABLE_TERMS, Topology
 
 HOST_REDUCE_RANKS = 4  # the in-host reduction's layouts: 2 hosts x 2 ranks
 GROUP_KEYS = {
@@ -268,8 +268,8 @@ def fit_data(data: Mapping[str, Any]) -> Fit:
     result = _fit_terms(data)
     if any(r.get("features", 1) > 1 for r in data.get("kernels", [])):
         return result
-    return replace(result, theta={**result.theta, "lookup_bwd_shared_ns_per_row": result.theta["lookup_bwd_ns_per_row"],
-                                  "lookup_bwd_shared_ns_per_row_byte": 0.0})
+    per_row, per_byte = SHARED_TABLE_TERMS
+    return replace(result, theta={**result.theta, per_row: result.theta["lookup_bwd_ns_per_row"], per_byte: 0.0})
 
 
 def _fit_terms(data: Mapping[str, Any]) -> Fit:

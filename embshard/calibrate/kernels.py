@@ -1,7 +1,8 @@
 """Microbenchmarks of the rank-local lookups, measured through the runtime on one rank.
 
 Each point is one table of ``rows x dim`` looked up by ``batch`` bags of on average
-``pooling`` ids (of each of ``features`` features: several take FBGEMM's shared-table backward path), placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
+``pooling`` ids (of each of ``features`` features: several take FBGEMM's shared-table backward
+path), placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
 rowwise_adagrad update, pooled or sequence) or data_parallel on a one-rank gloo group, in either
 of the runtime's modes: "dp" (replicated look-up, a fused update of the rows looked up) or
 "allreduce" (local look-up, the dense gradient of the whole table and its optimizer on every row:

@@ -283,3 +283,26 @@ def test_calibrate_measures_each_layout_with_and_without_the_reduction_and_fits_
     text = profile_yaml(got, {"host_reduce": entries, "machine_start": {}}, fit(samples, collectives, host_reduce=pairs), "test")
     assert "# host_reduce_* (the in-host reduction's CPU work) fitted on 3 layouts on 4 local ranks as 2 hosts" in text
     assert yaml.safe_load(text)["host_reduce_bwd_ns_per_byte"] == pytest.approx(1.5, rel=1e-5)
+
+
+def test_data_without_shared_table_points_prices_shared_tables_as_one_feature():
+    """fit_data on kernel rows as embshard-calibrate writes them: without points of a table several features look up
+    (data of an older embshard-calibrate) the shared-table terms are the one-feature ones, as a profile without them reads;
+    with such points they are fitted."""
+    truth = replace(CPU, full_duplex=False, replicated_dp_lookup=True, **TRUE_TERMS)
+
+    def rows(features: int) -> list[dict]:
+        out = []
+        for n, d, b, p in [(n, d, b, p) for n in (10_000, 200_000) for d in (16, 128) for b, p in ((64, 1.0), (512, 8.0), (2048, 30.0))]:
+            point = KernelPoint("fbgemm", True, n, d, b, p, features)
+            (perf,) = rank_perfs(point.plan().specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=b),
+                                 point.plan().tables)
+            out.append({"kind": "fbgemm", "pooled": True, "rows": n, "dim": d, "batch": b, "pooling": p, "features": features,
+                        **{f"cpu_{ph}": getattr(perf, ph) for ph in PHASES}})
+        return out
+
+    older = fit_data({"device": "cpu", "kernels": [{k: v for k, v in r.items() if k != "features"} for r in rows(1)]}).theta
+    assert older["lookup_bwd_ns_per_row"] == pytest.approx(400.0, rel=0.02)
+    assert (older["lookup_bwd_shared_ns_per_row"], older["lookup_bwd_shared_ns_per_row_byte"]) == (older["lookup_bwd_ns_per_row"], 0.0)
+    both = fit_data({"device": "cpu", "kernels": rows(1) + rows(4)}).theta
+    assert (both["lookup_bwd_shared_ns_per_row"], both["lookup_bwd_shared_ns_per_row_byte"]) == pytest.approx((60.0, 0.3), rel=0.02)

@@ -36,8 +36,8 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
   row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
   in backward; a pooled table looked up by several features is updated on another kernel path
-  (FBGEMM's CPU backward takes its fast path only for a table of one feature, a generic loop over
-  the row's columns otherwise): its distinct rows cost terms of their own, per row and per byte of
+  (FBGEMM's CPU backward takes its rowwise_adagrad fast path only for a table of one feature, a
+  generic loop over the row's columns otherwise): its distinct rows cost terms of their own, per row and per byte of
   the row and its optimizer state, instead of lookup_bwd_ns_per_row; data-parallel replicas run another kernel, with terms of their own (per id
   forward; per byte of per-id gradients and per distinct row backward; their dense full-table work at
   ``dp_dense_gb_per_s``, a rate of its own), or, with
