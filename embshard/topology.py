@@ -38,6 +38,8 @@ CALIBRATED_TERMS = (
     "lookup_fwd_ns_per_id",     # forward work per id looked up (decode, accumulate)
     "lookup_bwd_ns_per_id",     # backward work per id (sort, gradient accumulation)
     "lookup_bwd_ns_per_row",    # optimizer update per distinct row touched
+    "lookup_bwd_shared_ns_per_row",       # the same for a pooled table looked up by several features (its own kernel path)
+    "lookup_bwd_shared_ns_per_row_byte",  # and per byte of such a row and its optimizer state
     "lookup_ns_per_row_byte",   # fetching a distinct row's bytes (cache misses), forward and backward
     "lookup_ns_per_out_byte",   # writing outputs (forward) and reading their gradients (backward)
     "sequence_bwd_ns_per_row",  # extra backward work per distinct row of sequence (unpooled) lookups
@@ -56,6 +58,10 @@ CALIBRATED_TERMS = (
 )
 # The in-host reduction's terms (plan schema 10), fitted on layouts run with and without it (embshard.calibrate.fit).
 HOST_REDUCE_TERMS = ("host_reduce_fwd_ns_per_byte", "host_reduce_bwd_ns_per_byte", "host_reduce_call_ms")
+# A pooled table that several features look up is updated by FBGEMM's generic CPU backward loop, not by the
+# fast path it takes for a table of one feature (plan schema 13): files without these terms priced its rows alike
+# (`Topology.from_dict` reads them as lookup_bwd_ns_per_row and 0).
+SHARED_TABLE_TERMS = ("lookup_bwd_shared_ns_per_row", "lookup_bwd_shared_ns_per_row_byte")
 # The hierarchical all-reduce's terms (plan schema 11), fitted on data-parallel layouts run hierarchically and flat.
 DP_HIER_TERMS = ("dp_hier_ns_per_byte", "dp_hier_call_ms")
 # Per-phase efficiency factors (1 = off): what a phase costs when ranks run a whole step
@@ -141,6 +147,8 @@ class Topology:
     lookup_fwd_ns_per_id: float = 0.0
     lookup_bwd_ns_per_id: float = 0.0
     lookup_bwd_ns_per_row: float = 0.0
+    lookup_bwd_shared_ns_per_row: float = 0.0
+    lookup_bwd_shared_ns_per_row_byte: float = 0.0
     lookup_ns_per_row_byte: float = 0.0
     lookup_ns_per_out_byte: float = 0.0
     sequence_bwd_ns_per_row: float = 0.0
@@ -217,7 +225,8 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, but those added since plan schema 2 only where they are in use (``comms`` not all fp32,
-        host memory for tables, an inter-host latency, the in-host reduction's and the hierarchical all-reduce's terms, flat collectives, a dense data-parallel rate other than the device default), so topologies without them hash and serialise as before."""
+        host memory for tables, an inter-host latency, the in-host reduction's and the hierarchical all-reduce's terms, flat collectives, a dense data-parallel rate other than the device default,
+        shared tables' backward terms other than what `from_dict` reads without them), so topologies without them hash and serialise as before."""
         out = asdict(self)
         if self.comms == CommsPrecision():
             del out["comms"]
@@ -228,6 +237,8 @@ class Topology:
         for key in ("inter_host_collective_ms", *HOST_REDUCE_TERMS, *DP_HIER_TERMS):
             if out[key] == 0.0:
                 del out[key]
+        if (self.lookup_bwd_shared_ns_per_row, self.lookup_bwd_shared_ns_per_row_byte) == (self.lookup_bwd_ns_per_row, 0.0):
+            del out["lookup_bwd_shared_ns_per_row"], out["lookup_bwd_shared_ns_per_row_byte"]  # as files before them read
         if self.reduce_in_host:
             del out["reduce_in_host"]
         if not self.sharded_dp_update:
@@ -283,4 +294,5 @@ class Topology:
                 f"use a whole number of hosts, e.g. world_size={max(local, world - world % local)}"
             )
         comms = CommsPrecision.from_dict(raw.get("comms", {}), f"{where}.comms")
-        return cls(**{**raw, "local_world_size": local, "comms": comms})
+        shared = {"lookup_bwd_shared_ns_per_row": raw.get("lookup_bwd_ns_per_row", 0.0), "lookup_bwd_shared_ns_per_row_byte": 0.0}
+        return cls(**{**shared, **raw, "local_world_size": local, "comms": comms})

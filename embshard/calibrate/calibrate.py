@@ -36,19 +36,19 @@ from embshard.calibrate.fit import BANDWIDTHS, TERMS, Fit, Sample, dp_allreduce_
 from embshard.calibrate.measure import PHASES, measure_plans
 from embshard.machine import cpu_model
 from embshard.planner.plan import ShardingPlan
-from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, Topology
+from embshard.topology import CALIBRATED_TERMS, DEVICE_DEFAULTS, PHASE_FACTORS, SHARED_TABLE_TERMS, Topology
 
 HOST_REDUCE_RANKS = 4  # the in-host reduction's layouts: 2 hosts x 2 ranks
 GROUP_KEYS = {
     "topology": {"world_size": int, "local_world_size": int, "hbm_gib": float, "batch_size_per_rank": int, "reserved_fraction": float},
     "kernels": {"dims": list, "rows": list, "batches": list, "poolings": list, "sequence": bool, "dp_max_rows": int,
-                "max_table_elements": int, "steps": int, "warmup": int},
+                "max_table_elements": int, "shared_features": int, "steps": int, "warmup": int},
     "collectives": {"world_sizes": list, "sizes_bytes": list, "reps": int, "warmup": int},
     "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
               "sequence_fraction": float, "steps": int, "warmup": int, "host_reduce_plans": int,
               "dp_hier_plans": int},
 }
-NON_NEGATIVE = ("warmup", "seed", "host_reduce_plans", "dp_hier_plans")  # integer keys that may be 0
+NON_NEGATIVE = ("warmup", "seed", "host_reduce_plans", "dp_hier_plans", "shared_features")  # integer keys that may be 0
 TOP_KEYS = ("profile", "device", "out_dir", "data_out", "from_data", "timeout_s", *GROUP_KEYS)
 
 
@@ -152,7 +152,8 @@ def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any
     data: dict[str, Any] = {"device": device, "machine_start": machine(device),
                             "config": {k: cfg[k] for k in ("topology", "kernels", "collectives", "plans")}}
     t0 = time.perf_counter()
-    points = kernels.grid(kc["dims"], kc["rows"], kc["batches"], kc["poolings"], kc["sequence"], kc["dp_max_rows"], kc["max_table_elements"])
+    points = kernels.grid(kc["dims"], kc["rows"], kc["batches"], kc["poolings"], kc["sequence"], kc["dp_max_rows"], kc["max_table_elements"],
+                         kc["shared_features"])
     log(f"kernels: {len(points)} points on 1 {device} rank ({BACKENDS[device]})")
     data["kernels"] = kernels.run(points, kc["steps"], kc["warmup"], cfg["timeout_s"], device)
     sizes = runnable_world_sizes(cc["world_sizes"], device, "collectives", log)
@@ -249,7 +250,7 @@ def host_reduce_pairs(data: Mapping[str, Any], key: str = "host_reduce") -> list
 def samples_of(data: Mapping[str, Any]) -> list[Sample]:
     out = []
     for r in data.get("kernels", []):
-        point = kernels.KernelPoint(r["kind"], r["pooled"], r["rows"], r["dim"], r["batch"], r["pooling"])
+        point = kernels.KernelPoint(r["kind"], r["pooled"], r["rows"], r["dim"], r["batch"], r["pooling"], r.get("features", 1))
         out.append(Sample(point.plan(), ({p: r[f"cpu_{p}"] for p in PHASES},), "kernels"))
     for entry in data.get("plans", []):
         out.append(Sample(ShardingPlan.from_dict(entry["plan"]), tuple(entry["cpu_ms"]), "plans"))
@@ -259,9 +260,20 @@ def samples_of(data: Mapping[str, Any]) -> list[Sample]:
 def fit_data(data: Mapping[str, Any]) -> Fit:
     """Fit every term; without measured collectives, communication keeps the device's datasheet
     bandwidth and no per-collective latency (comm_note); without allreduce-mode kernel points (data
-    measured by an older embshard-calibrate), dp_dense_gb_per_s keeps the device's default. Where collectives crossed hosts, the host's
+    measured by an older embshard-calibrate), dp_dense_gb_per_s keeps the device's default; without shared-table kernel points
+    (likewise), a table several features look up is priced as one of one feature (SHARED_TABLE_TERMS as `Topology.from_dict`
+    reads a profile without them). Where collectives crossed hosts, the host's
     terms are fitted first without them (as a one-host calibration would), then held while the
     inter-host bandwidth and latency are fitted on the rows between hosts: the two apart."""
+    result = _fit_terms(data)
+    if any(r.get("features", 1) > 1 for r in data.get("kernels", [])):
+        return result
+    per_row, per_byte = SHARED_TABLE_TERMS
+    return replace(result, theta={**result.theta, per_row: result.theta["lookup_bwd_ns_per_row"], per_byte: 0.0})
+
+
+def _fit_terms(data: Mapping[str, Any]) -> Fit:
+    """fit_data's fit, before the shared-table terms of older data are filled in."""
     device = data.get("device", "cpu")
     collectives = data.get("collectives", [])
     fixed = {} if collectives else {

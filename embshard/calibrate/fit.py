@@ -57,7 +57,7 @@ FREE_GB_PER_S = 1e6  # stored when a bandwidth's cost fits to zero
 LOOKUP_PHASES = ("lookup_fwd_ms", "lookup_bwd_ms")
 DIST_PHASES = ("input_dist_ms", "output_dist_fwd_ms", "output_dist_bwd_ms", "dp_allreduce_ms")
 LOOKUP_TERMS = ("hbm_gb_per_s", "lookup_fwd_call_ms", "lookup_bwd_call_ms", "lookup_fwd_ns_per_id", "lookup_bwd_ns_per_id", "lookup_bwd_ns_per_row",
-                "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row", "dp_dense_gb_per_s")
+                "lookup_bwd_shared_ns_per_row", "lookup_bwd_shared_ns_per_row_byte", "lookup_ns_per_row_byte", "dp_fwd_ns_per_id", "dp_bwd_ns_per_id_byte", "dp_bwd_ns_per_row", "dp_dense_gb_per_s")
 DIST_TERMS = ("intra_host_gb_per_s", "inter_host_gb_per_s", "collective_ms", "inter_host_collective_ms", "input_dist_call_ms", "output_dist_call_ms", "dist_ns_per_id", "dist_ns_per_bag", "dist_ns_per_byte")
 SEQUENCE_TERMS = ("lookup_ns_per_out_byte", "sequence_bwd_ns_per_row", "sequence_dist_ns_per_id")
 ROUNDS = 4

@@ -1,7 +1,8 @@
 """Microbenchmarks of the rank-local lookups, measured through the runtime on one rank.
 
 Each point is one table of ``rows x dim`` looked up by ``batch`` bags of on average
-``pooling`` ids, placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
+``pooling`` ids (of each of ``features`` features: several take FBGEMM's shared-table backward
+path), placed table_wise ("fbgemm": FBGEMM's table-batched kernel with the fused
 rowwise_adagrad update, pooled or sequence) or data_parallel on a one-rank gloo group, in either
 of the runtime's modes: "dp" (replicated look-up, a fused update of the rows looked up) or
 "allreduce" (local look-up, the dense gradient of the whole table and its optimizer on every row:
@@ -33,9 +34,11 @@ class KernelPoint:
     dim: int
     batch: int
     pooling: float
+    features: int = 1  # features looking the table up, each ``batch`` bags (several: FBGEMM's shared-table path)
 
     def spec(self) -> TableSpec:
-        return TableSpec("t", self.rows, self.dim, float(self.pooling), pooled=self.pooled)
+        names = ("t",) if self.features == 1 else tuple(f"t{i}" for i in range(self.features))
+        return TableSpec("t", self.rows, self.dim, float(self.pooling), pooled=self.pooled, feature_names=names)
 
     def topology(self, device: str = "cpu") -> Topology:
         return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device=device)
@@ -50,15 +53,18 @@ class KernelPoint:
 
 
 def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], poolings: Sequence[float],
-         sequence: bool, dp_max_rows: int, max_table_elements: int) -> list[KernelPoint]:
+         sequence: bool, dp_max_rows: int, max_table_elements: int, shared_features: int = 0) -> list[KernelPoint]:
     """Pooled fbgemm points over the full grid, sequence points (if ``sequence``) and
-    data-parallel points in both modes (tables up to dp_max_rows rows) over the same grid; tables above
+    data-parallel points in both modes (tables up to dp_max_rows rows) over the same grid, and pooled points of a
+    table that ``shared_features`` features look up (if 2 or more; the smallest batch only); tables above
     max_table_elements (rows x dim) are skipped."""
     points = []
     for d, n, b, p in itertools.product(dims, rows, batches, poolings):
         if n * d > max_table_elements:
             continue
         points.append(KernelPoint("fbgemm", True, n, d, b, p))
+        if shared_features > 1 and b == min(batches):
+            points.append(KernelPoint("fbgemm", True, n, d, b, p, shared_features))
         if sequence:
             points.append(KernelPoint("fbgemm", False, n, d, b, p))
         if n <= dp_max_rows:

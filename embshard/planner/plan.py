@@ -5,7 +5,9 @@ JSON (``to_json``/``from_json`` round-trip exactly) holding the tables' placemen
 specs, the topology, per-rank predicted cost by phase and memory, the lower bound on the
 objective, and a hash of the inputs that produced it.
 
-Schema versions: 12 (written) adds the hierarchical all-reduce's calibrated CPU terms to the topology
+Schema versions: 13 (written) adds the backward terms of a pooled table several features look up to the topology
+(``lookup_bwd_shared_ns_per_row``, ``lookup_bwd_shared_ns_per_row_byte``; absent when they price such a table as older
+files did, as one of one feature); 12 adds the hierarchical all-reduce's calibrated CPU terms to the topology
 (``dp_hier_ns_per_byte``, ``dp_hier_call_ms``; absent when 0, as older files priced it); 11 adds ``topology.dp_dense_gb_per_s`` (the rate of the all-reduce mode's
 dense full-table work, as a calibrated profile measured it; absent: the device default; older files
 priced that work at ``hbm_gb_per_s``); 10 adds the in-host reduction's calibrated terms to the topology
@@ -47,8 +49,8 @@ from embshard.planner.types import COMPUTE_KERNEL, Location, Perf, Shard, Shardi
 from embshard.specs import TableSpec, tables_from_list
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
-SCHEMA_VERSION = 12
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+SCHEMA_VERSION = 13
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,11 @@ def test_calibrate_writes_a_profile_the_planner_reads(calibrated):
     assert topo.intra_host_gb_per_s > 0 and topo.hbm_gb_per_s > 0
     assert all(getattr(topo, f) > 0 for f in PHASE_FACTORS)
     data = json.loads((root / "data.json").read_text())
-    assert [(k["kind"], k["rows"], k["dim"]) for k in data["kernels"]] == [("fbgemm", 1000, 16), ("dp", 1000, 16), ("allreduce", 1000, 16)]
-    assert data["kernels"][0]["cpu_lookup_bwd_ms"] > 0 and data["kernels"][2]["cpu_dp_allreduce_ms"] >= 0
-    assert data["kernels"][2]["cpu_lookup_bwd_ms"] > 0 and "dp_dense_gb_per_s" in raw  # the all-reduce mode's dense work, fitted
+    assert [(k["kind"], k["rows"], k["dim"], k["features"]) for k in data["kernels"]] == [
+        ("fbgemm", 1000, 16, 1), ("fbgemm", 1000, 16, 4), ("dp", 1000, 16, 1), ("allreduce", 1000, 16, 1)]  # 4: a shared table
+    assert data["kernels"][0]["cpu_lookup_bwd_ms"] > 0 and data["kernels"][1]["cpu_lookup_bwd_ms"] > 0
+    assert data["kernels"][3]["cpu_dp_allreduce_ms"] >= 0
+    assert data["kernels"][3]["cpu_lookup_bwd_ms"] > 0 and "dp_dense_gb_per_s" in raw  # the all-reduce mode's dense work, fitted
     assert sorted({(c["op"], c["bytes"], c["rank"]) for c in data["collectives"]}) == \
         [(op, b, r) for op in ("all_reduce", "all_to_all") for b in (1000, 100000) for r in (0, 1)]
     assert all(c["cpu_ms"] > 0 for c in data["collectives"])
@@ -81,6 +83,7 @@ def test_bad_input_exits_2_with_one_line():
     ({"plans": {"world_sizes": [1]}}, "plans.world_sizes: ranks per run must be whole numbers >= 2, got [1]"),
     ({"topology": {"world_size": 3}}, "topology.world_size: 3 is not a multiple of local_world_size 2"),
     ({"collectives": {"reps": 0}}, "collectives.reps: must be a positive integer, got 0"),
+    ({"kernels": {"shared_features": -1}}, "kernels.shared_features: must be a non-negative integer, got -1"),
     ({"timeout_s": -1}, "timeout_s: must be a positive number of seconds, got -1"),
 ])
 def test_bad_config_names_the_key(override, needle):

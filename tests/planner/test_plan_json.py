@@ -265,7 +265,7 @@ def test_version_7_loads_with_in_host_reduction_on():
     assert p.topology.reduce_in_host and p.topology.num_hosts == 2
     assert [(t.name, t.sharding_type.value) for t in p.tables] == [(t["name"], t["sharding_type"]) for t in raw["tables"]]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 12 and "reduce_in_host" not in again["topology"]
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and "reduce_in_host" not in again["topology"]
     assert ShardingPlan.from_json(p.to_json()) == p
     flat = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "reduce_in_host": False}})
     inter = lambda q: sum(t.inter_host_sent for t in q.traffic)  # noqa: E731
@@ -283,7 +283,7 @@ def test_version_8_loads_with_flat_collectives():
     assert not p.topology.reduce_in_host and not p.topology.sharded_dp_update and p.topology.num_hosts == 2
     assert [r["traffic_bytes"] for r in raw["ranks"]] == [t.to_dict() for t in p.traffic]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 12 and again["topology"]["reduce_in_host"] is False
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and again["topology"]["reduce_in_host"] is False
     assert "sharded_dp_update" not in again["topology"] and ShardingPlan.from_json(p.to_json()) == p
 
 
@@ -299,7 +299,7 @@ def test_version_9_loads_without_the_in_host_reduction_terms():
     assert (p.topology.host_reduce_fwd_ns_per_byte, p.topology.host_reduce_bwd_ns_per_byte, p.topology.host_reduce_call_ms) == (0, 0, 0)
     assert p.topology.collective_ms == raw["topology"]["collective_ms"]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 12 and not any(k.startswith("host_reduce") for k in again["topology"])
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and not any(k.startswith("host_reduce") for k in again["topology"])
     assert ShardingPlan.from_json(p.to_json()) == p
 
 
@@ -314,7 +314,7 @@ def test_version_11_loads_without_the_hierarchical_all_reduce_terms():
     assert (p.topology.dp_hier_ns_per_byte, p.topology.dp_hier_call_ms) == (0, 0) and p.topology.num_hosts == 2
     assert [r.perf.total_ms for r in p.ranks] == [r["perf_ms"]["total_ms"] for r in raw["ranks"]]  # the file's report, kept
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 12 and not any(k.startswith("dp_hier") for k in again["topology"])
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and not any(k.startswith("dp_hier") for k in again["topology"])
     assert ShardingPlan.from_json(p.to_json()) == p
 
 
@@ -329,7 +329,28 @@ def test_version_10_loads_with_the_default_dense_rate():
     assert p.topology.dp_dense_gb_per_s == DEVICE_DEFAULTS["cpu"]["dp_dense_gb_per_s"] < p.topology.hbm_gb_per_s == 2130.85
     assert [(t.name, t.data_parallel_mode) for t in p.tables] == [(t["name"], t.get("data_parallel_mode")) for t in raw["tables"]]
     again = json.loads(p.to_json())
-    assert again["schema_version"] == SCHEMA_VERSION == 12 and "dp_dense_gb_per_s" not in again["topology"]
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and "dp_dense_gb_per_s" not in again["topology"]
     assert again["input_hash"] == raw["input_hash"] and ShardingPlan.from_json(p.to_json()) == p
     measured = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "dp_dense_gb_per_s": 3.5}})
     assert measured.topology.dp_dense_gb_per_s == 3.5 and json.loads(measured.to_json())["topology"]["dp_dense_gb_per_s"] == 3.5
+
+
+def test_version_12_loads_pricing_a_shared_table_as_before():
+    """Written by main's embshard at b925992 (schema 12, before the shared-table backward terms) on the shipped
+    cpu_gloo_measured profile: a pooled table 3 features look up (row-wise) and one of one feature. It loads with
+    lookup_bwd_shared_ns_per_row = lookup_bwd_ns_per_row and no per-byte term (the shared table priced as one of one
+    feature, as the file was), re-evaluates to the file's report, and is written back as the current version without the keys."""
+    path = Path(__file__).parent / "data" / "plan_v12.json"
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == 12 and len(raw["specs"][0]["feature_names"]) == 3
+    p = ShardingPlan.load(path)
+    assert (p.topology.lookup_bwd_shared_ns_per_row, p.topology.lookup_bwd_shared_ns_per_row_byte) == (raw["topology"]["lookup_bwd_ns_per_row"], 0)
+    again_ms = [r.perf.total_ms for r in evaluate(p.specs, p.topology, p.tables).ranks]
+    assert again_ms == pytest.approx([r["perf_ms"]["total_ms"] for r in raw["ranks"]], rel=1e-9)
+    again = json.loads(p.to_json())
+    assert again["schema_version"] == SCHEMA_VERSION == 13 and not any("shared" in k for k in again["topology"])
+    assert again["input_hash"] == raw["input_hash"] and ShardingPlan.from_json(p.to_json()) == p
+    fitted = ShardingPlan.from_dict({**again, "topology": {**again["topology"], "lookup_bwd_shared_ns_per_row": 50.0,
+                                                           "lookup_bwd_shared_ns_per_row_byte": 0.1}})
+    assert json.loads(fitted.to_json())["topology"]["lookup_bwd_shared_ns_per_row_byte"] == 0.1
+    assert ShardingPlan.from_json(fitted.to_json()) == fitted

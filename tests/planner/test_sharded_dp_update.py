@@ -47,7 +47,7 @@ def test_replicated_lookup_tables_keep_their_whole_state():
 def test_plan_files_carry_the_flag_and_version_7_loads_without_it():
     plain, sharded = _plans("allreduce")
     raw = json.loads(sharded.to_json())
-    assert raw["schema_version"] == SCHEMA_VERSION == 12 and raw["topology"]["sharded_dp_update"] is True
+    assert raw["schema_version"] == SCHEMA_VERSION == 13 and raw["topology"]["sharded_dp_update"] is True
     assert ShardingPlan.from_json(sharded.to_json()) == sharded
     plain_raw = json.loads(plain.to_json())
     assert "sharded_dp_update" not in plain_raw["topology"]  # absent when false: topologies hash as before

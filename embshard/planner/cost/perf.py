@@ -35,7 +35,10 @@ embshard-calibrate) add the work a machine was measured to spend beyond moving b
 - lookups: per id (forward, backward), per distinct row updated, per byte of each distinct
   row fetched (U = n (1 - exp(-I/n)) distinct rows for I uniform ids), per output byte
   written (and its gradient read), and for sequence lookups an extra cost per distinct row
-  in backward; data-parallel replicas run another kernel, with terms of their own (per id
+  in backward; a pooled table looked up by several features is updated on another kernel path
+  (FBGEMM's CPU backward takes its rowwise_adagrad fast path only for a table of one feature, a
+  generic loop over the row's columns otherwise): its distinct rows cost terms of their own, per row and per byte of
+  the row and its optimizer state, instead of lookup_bwd_ns_per_row; data-parallel replicas run another kernel, with terms of their own (per id
   forward; per byte of per-id gradients and per distinct row backward; their dense full-table work at
   ``dp_dense_gb_per_s``, a rate of its own), or, with
   a placement's ``data_parallel_mode`` "replicated_lookup" (the planner picks the cheaper mode per
@@ -169,8 +172,11 @@ def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: i
     opt = spec.optimizer_state_bytes_per_row(num_cols)
     distinct = expected_distinct_rows(num_ids, num_rows)
     fwd = _ns(num_ids, topo.lookup_fwd_ns_per_id) + _ns(distinct * rb, topo.lookup_ns_per_row_byte)
-    bwd = (_ns(num_ids, topo.lookup_bwd_ns_per_id) + _ns(distinct, topo.lookup_bwd_ns_per_row)
-           + _ns(distinct * (rb + opt), topo.lookup_ns_per_row_byte))
+    if spec.pooled and spec.num_features > 1:  # a table shared by features: FBGEMM's generic update loop
+        update = _ns(distinct, topo.lookup_bwd_shared_ns_per_row) + _ns(distinct * (rb + opt), topo.lookup_bwd_shared_ns_per_row_byte)
+    else:
+        update = _ns(distinct, topo.lookup_bwd_ns_per_row)
+    bwd = _ns(num_ids, topo.lookup_bwd_ns_per_id) + update + _ns(distinct * (rb + opt), topo.lookup_ns_per_row_byte)
     if not spec.pooled:
         bwd += _ns(distinct, topo.sequence_bwd_ns_per_row)
     return fwd, bwd
