@@ -51,7 +51,8 @@ from torchrec.streamable import Pipelineable
 
 from embshard.interop.torchrec import to_torchrec_plan
 from embshard.machine import cpu_model
-from embshard.planner import manual_plan
+from embshard.planner import evaluate, manual_plan
+from embshard.planner.api import cheaper_reduction
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
@@ -216,14 +217,22 @@ class NoOptimizer:
         pass
 
 
+def case_plan(specs: list[TableSpec], layout: dict, world: int, per_host: int, profile: str, batch: int) -> ShardingPlan:
+    """The case's layout priced on the profile; across hosts with flat collectives where the cost model prices
+    the in-host reduction above them (as the planner decides it, `cheaper_reduction`)."""
+    plan = manual_plan(specs, profile_topology(profile, world_size=world, local_world_size=per_host, device="cpu",
+                                               batch_size_per_rank=batch), layout)
+    topology = cheaper_reduction(specs, plan.topology, plan.tables, plan.max_rank_ms)
+    return plan if topology is plan.topology else evaluate(specs, topology, plan.tables)
+
+
 def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int, options: argparse.Namespace) -> dict:
     from embshard.runtime.pipeline import InputPipeline
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     start = time.perf_counter()
     rank, world, pooled = dist.get_rank(pg), dist.get_world_size(pg), specs[0].pooled
-    plan = manual_plan(specs, profile_topology(options.profile, world_size=world, local_world_size=per_host, device="cpu",
-                                               batch_size_per_rank=options.batch), layout)
+    plan = case_plan(specs, layout, world, per_host, options.profile, options.batch)
     batches = make_batches(specs, rank, options.batch)
     ours = embshard_model(specs, plan, pg)
     theirs, dense_opt = torchrec_model(specs, plan, pg)
