@@ -85,6 +85,18 @@ def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world
     return specs, planner.plan(specs, topology, constraints, time_budget_s=2.0, torchrec_compatible=True)
 
 
+def shared_plan(pg, local_world_size: int, *plan_args):
+    """(specs, plan) of `specs_and_plan` on rank 0, the same on every rank: the planner's search is time-budgeted, so
+    ranks planning on their own may find different plans (on 4 ranks sharing 2 cores they did)."""
+    from embshard.launch.distributed import RankContext, on_main
+    from embshard.planner.plan import ShardingPlan
+
+    ctx = RankContext(dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank(pg) % local_world_size, local_world_size,
+                      torch.device("cpu"), pg)
+    plan = ShardingPlan.from_json(on_main(ctx, lambda: specs_and_plan(*plan_args)[1].to_json()))
+    return plan.specs, plan
+
+
 def make_batches(specs, rank: int, world_size: int, batch: int):
     from embshard.data.batch import FeatureLayout
     from embshard.data.config import SyntheticConfig
@@ -218,7 +230,7 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     torch.manual_seed(0)
     world = dist.get_world_size(pg)
     batch = options.batch or batch
-    specs, plan = specs_and_plan(batch, data_parallel, world, local_world_size, options.profile)
+    specs, plan = shared_plan(pg, local_world_size, batch, data_parallel, world, local_world_size, options.profile)
     batches = make_batches(specs, dist.get_rank(pg), world, batch)
     ours, ours_pipelined, pipeline = embshard_steps(*embshard_model(specs, plan, pg, interaction, bottom, top), batches, pg)
     theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
