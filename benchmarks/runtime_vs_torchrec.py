@@ -16,7 +16,7 @@ Each runtime also runs pipelined: embshard's `InputPipeline` (embshard.runtime.p
 batch's input dist on a side thread) and TorchRec's `TrainPipelineSparseDist` (it runs on CPU);
 the speed-up is embshard's faster configuration against TorchRec's faster one, per case.
 
-    sudo .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~5 min
+    sudo .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~4 min
     sudo .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # a check
 
 ``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H

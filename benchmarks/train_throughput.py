@@ -21,13 +21,13 @@ Each runtime runs two ways: embshard's plain step and its pipelined one (`embsha
 plain DMP step and its `TrainPipelineSparseDist` (the next batch's input dist overlapping this one's
 forward and backward; it runs on CPU). Ratios are each embshard step against the faster TorchRec one.
 
-    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~5 min
+    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~3 min
     sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # a check
 
 ``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H
 emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), the plan made for H x L ranks on H hosts,
 each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). One repeat of
-HOSTS_ROUNDS rounds of HOSTS_ITERS steps (the H x L ranks share this machine's cores), with the rounds'
+4 rounds of 8 steps (the H x L ranks share this machine's cores; ~3 min on 2 cores), with the rounds'
 spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
 one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
 round of two steps: a check that it runs, printed only.
@@ -57,7 +57,7 @@ from embshard.machine import cpu_model
 
 RANKS_PER_HOST, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, REPEATS, NUM_BATCHES = 3, 20, 5, 3, 4
-HOSTS = {"warmup": 2, "iters": 6, "rounds": 3, "repeats": 1}  # on emulated hosts: the full run within ~5 min on 2 cores
+HOSTS = {"warmup": 2, "iters": 8, "rounds": 4, "repeats": 1}  # on emulated hosts: the full run within ~5 min on 2 cores
 QUICK = {"only": "batch 512", "batch": 128, "warmup": 1, "iters": 2, "rounds": 1, "repeats": 1}  # --quick: a check that it runs
 TITLE = "# Training throughput: embshard vs TorchRec DistributedModelParallel"
 DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
@@ -292,7 +292,8 @@ def markdown(results: list[dict], meta: dict) -> str:
         "the repeats); samples per CPU-second divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec "
         "configuration (by wall clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
         "Spread: the slowest and fastest round (samples/s, every repeat) of embshard plain and of the faster TorchRec "
-        "configuration. Load: the 1-minute load average during the case (2 cores: above 2 means other processes competed).",
+        f"configuration. Load: the 1-minute load average during the case ({os.cpu_count()} cores; its own {world} ranks count "
+        f"up to {world}, more means other processes competed).",
         "",
         "| case | plan | load | embshard | embshard pipelined | TorchRec DMP | TorchRec pipeline "
         "| wall ratio plain | wall ratio pipelined | CPU ratio plain | CPU ratio pipelined | rounds' spread: embshard / TorchRec |",
