@@ -40,11 +40,13 @@ from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.machine import cpu_model
 from embshard.planner import evaluate
 from embshard.topology import Topology
+from sections import update_section
 
 REPO = Path(__file__).resolve().parent.parent
 BATCH = 512
 NUM_TABLES = 12
 SEED0 = 5000
+TITLE = "# Cost model: calibration, accuracy and measured plans"  # of benchmarks/results/cost_model.md
 
 
 def profile_topology(name: str, world_size: int) -> Topology:
@@ -162,18 +164,6 @@ def markdown(result: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def update_section(path: Path, name: str, text: str) -> None:
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    old = path.read_text() if path.exists() else "# Cost model: calibration, accuracy and measured plans\n\n"
-    block = f"{start}\n{text}\n{end}"
-    if start in old and end in old:
-        new = old[:old.index(start)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="cpu_gloo_measured")
@@ -197,7 +187,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
     command = f".venv/bin/python benchmarks/cost_model_accuracy.py --profile {args.profile}"
     text = markdown(result, command)
-    update_section(Path(args.markdown), "accuracy", text)
+    update_section(Path(args.markdown), "accuracy", text, TITLE)
     print(text)
 
 

@@ -43,7 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cost_model_accuracy import today, update_section  # noqa: E402
+from cost_model_accuracy import TITLE, today  # noqa: E402
+from sections import update_section  # noqa: E402
 from local_ranks import run_script_ranks  # noqa: E402
 import profiles  # noqa: E402
 
@@ -327,7 +328,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
     text = markdown(result, f".venv/bin/python benchmarks/plans_measured.py --profile {args.profile}")
-    update_section(Path(args.markdown), "plans", text)
+    update_section(Path(args.markdown), "plans", text, TITLE)
     print(text)
 
 

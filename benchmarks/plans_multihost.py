@@ -187,9 +187,9 @@ def _commit() -> str:
 
 def run_multihost(args) -> dict:
     from cost_model_accuracy import today
+    from local_ranks import run_ranks
     from plans_measured import layout_mix, profile_topology, torchrec_plan
 
-    from embshard.emulated_hosts import run_torchrun
     from embshard.machine import cpu_model
     from embshard.planner import evaluate, plan
 
@@ -231,12 +231,8 @@ def run_multihost(args) -> dict:
                                                                            for n in dmp_cases] if rnd == 0 else []}))
             out = Path(tmp) / f"round{rnd}.json"
             print(f"round {rnd + 1}/{args.rounds}: {len(order)} plans on {H} emulated hosts x {L} ranks", flush=True)
-            exits, _, shaping = run_torchrun(H, L, [str(Path(__file__).resolve()), "--rank-job", str(job), str(out)],
-                                             timeout_s=args.round_timeout_s, rate_gbit=args.link_gbit, delay_ms=args.delay_ms,
-                                             log_dir=Path(tmp))
-            if any(e.returncode != 0 for e in exits):
-                logs = " | ".join((Path(tmp) / f"host{e.host}.log").read_text()[-1500:] for e in exits)
-                raise RuntimeError(f"round {rnd + 1}: hosts exited {[e.returncode for e in exits]}: {logs}")
+            shaping = run_ranks(str(Path(__file__).resolve()), ["--rank-job", str(job), str(out)], hosts=H, ranks_per_host=L,
+                                link_gbit=args.link_gbit, delay_ms=args.delay_ms, timeout_s=args.round_timeout_s)
             per_rank = json.loads(out.read_text())  # [rank] -> plans: [plan in order], dmp: [case] or why not
             rounds.append({key: [per_rank[r]["plans"][i] for r in range(H * L)] for i, key in enumerate(order)})
             if rnd == 0:  # TorchRec's DMP in the first round only (the full run's time)

@@ -16,11 +16,17 @@ Each runtime also runs pipelined: embshard's `InputPipeline` (embshard.runtime.p
 batch's input dist on a side thread) and TorchRec's `TrainPipelineSparseDist` (it runs on CPU);
 the speed-up is embshard's faster configuration against TorchRec's faster one, per case.
 
-    .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --out benchmarks/results/runtime_hosts.md
+    sudo .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~4 min
+    sudo .venv/bin/python benchmarks/runtime_vs_torchrec.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # a check
 
-``--hosts 2``: the same cases on 2 emulated hosts x 2 ranks (embshard/emulated_hosts.py, needs root),
-inter-host links shaped; table-wise tables go round the 4 ranks, table_row_wise and
-table_column_wise tables onto one host's 2 ranks, host after host.
+``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H
+emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), each host's link shaped to G Gbit/s each
+way; table-wise tables go round the H x L ranks, table_row_wise and table_column_wise tables onto one host's
+L ranks, host after host. Batch 512 per rank, 1 warmup and 3 timed steps per configuration (the H x L ranks
+share this machine's cores, and TorchRec's data-parallel step all-reduces whole tables through the link),
+so the results give each configuration's step-time spread too; they go into their own section of the
+results file (``<!-- hosts:start -->``, which a one-host run keeps).
+``--quick``: the two mixed cases, tiny batch, one step: a check that it runs, printed only.
 """
 
 from __future__ import annotations
@@ -45,19 +51,27 @@ from torchrec.streamable import Pipelineable
 
 from embshard.interop.torchrec import to_torchrec_plan
 from embshard.machine import cpu_model
-from embshard.planner import manual_plan
+from embshard.planner import evaluate, manual_plan
+from embshard.planner.api import cheaper_reduction
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
 from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES
-from local_ranks import init_rank, run_ranks
+from embshard.emulated_hosts import EmulationUnavailable
+from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
 from profiles import profile_sentence, profile_topology
+from sections import write_results
 
 ST = ShardingType
 RANKS_PER_HOST, BATCH_SIZE, LR = 2, 2048, 0.01
 WARMUP, STEPS, NUM_BATCHES = 2, 16, 4
+# on emulated hosts (the full run within ~5 min on 2 cores, where 4 ranks share them and TorchRec's data-parallel
+# step all-reduces whole tables through the link, 4 s a step): steps and warmup per configuration, batch per rank
+HOSTS_STEPS, HOSTS_WARMUP, HOSTS_BATCH = 3, 1, 512
+QUICK = {"only": "mixed", "steps": 1, "warmup": 1, "batch": 128}  # --quick: a check that it runs
+TITLE = "# embshard runtime vs TorchRec DistributedModelParallel"
 DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
 COMMAND = ".venv/bin/python benchmarks/runtime_vs_torchrec.py"
 CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
@@ -203,13 +217,22 @@ class NoOptimizer:
         pass
 
 
+def case_plan(specs: list[TableSpec], layout: dict, world: int, per_host: int, profile: str, batch: int) -> ShardingPlan:
+    """The case's layout priced on the profile; across hosts with flat collectives where the cost model prices
+    the in-host reduction above them (as the planner decides it, `cheaper_reduction`)."""
+    plan = manual_plan(specs, profile_topology(profile, world_size=world, local_world_size=per_host, device="cpu",
+                                               batch_size_per_rank=batch), layout)
+    topology = cheaper_reduction(specs, plan.topology, plan.tables, plan.max_rank_ms)
+    return plan if topology is plan.topology else evaluate(specs, topology, plan.tables)
+
+
 def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int, options: argparse.Namespace) -> dict:
     from embshard.runtime.pipeline import InputPipeline
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+    start = time.perf_counter()
     rank, world, pooled = dist.get_rank(pg), dist.get_world_size(pg), specs[0].pooled
-    plan = manual_plan(specs, profile_topology(options.profile, world_size=world, local_world_size=per_host, device="cpu",
-                                               batch_size_per_rank=options.batch), layout)
+    plan = case_plan(specs, layout, world, per_host, options.profile, options.batch)
     batches = make_batches(specs, rank, options.batch)
     ours = embshard_model(specs, plan, pg)
     theirs, dense_opt = torchrec_model(specs, plan, pg)
@@ -248,7 +271,8 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int,
         forced, feed = embshard_model(specs, plan, pg, mode), itertools.cycle(batches)
         steps[f"embshard_{mode}"] = lambda m=forced, f=feed: loss_of(m(next(f)), pooled).backward()
     configs = tuple(steps)
-    for _ in range(WARMUP):
+    setup_s = time.perf_counter() - start
+    for _ in range(options.warmup):
         for step in steps.values():
             step()
     seconds: dict[str, list[float]] = {c: [] for c in configs}
@@ -261,6 +285,8 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int,
                 phases.append(dict(timer.seconds))
     ours_pipeline.close()
     out = {"case": name, **{f"{c}_s": statistics.median(seconds[c]) for c in configs},
+           "range_s": {c: [min(seconds[c]), max(seconds[c])] for c in configs},
+           "setup_s": setup_s, "case_s": time.perf_counter() - start,
            "phases_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]}}
     if has_dp:
         out["data_parallel_modes"] = dict(sorted(Counter(t.data_parallel_mode for t in plan.tables if t.data_parallel_mode).items()))
@@ -290,13 +316,25 @@ def geometric_mean(xs: list[float]) -> float:
     return product ** (1 / len(xs))
 
 
+def faster_torchrec_s(r: dict) -> float:
+    """The step time of the faster of TorchRec's two configurations in a case."""
+    return min(r["torchrec_s"], r["torchrec_pipelined_s"])
+
+
 def markdown(results: list[dict], meta: dict) -> str:
-    world, batch = meta["hosts"] * RANKS_PER_HOST, meta["batch"]
+    hosts: Hosts = meta["hosts"]
+    world, batch = hosts.world_size, meta["batch"]
     samples = world * batch
-    where = f"{world} ranks on CPU" if meta["hosts"] == 1 else \
-        f"{meta['hosts']} emulated hosts x {RANKS_PER_HOST} ranks on CPU (inter-host links: {meta['shaping']})"
+    if hosts.emulated:
+        where = (f"{hosts.hosts} emulated hosts x {hosts.ranks_per_host} ranks on CPU, all {world} sharing this machine's cores "
+                 f"(inter-host links: {meta['shaping']}; table-wise tables round the {world} ranks, table_row_wise and "
+                 "table_column_wise tables on one host's ranks, host after host)")
+        title = (f"## On {hosts.hosts} emulated hosts x {hosts.ranks_per_host} ranks, {hosts.link_gbit:g} Gbit/s inter-host links"
+                 + (" (QUICK: tiny batch, one step: a check that it runs, not a measurement)" if meta["quick"] else ""))
+    else:
+        where, title = f"{world} ranks on CPU", TITLE + (" (QUICK: a check that it runs, not a measurement)" if meta["quick"] else "")
     lines = [
-        "# embshard runtime vs TorchRec DistributedModelParallel" + ("" if meta["hosts"] == 1 else f", {meta['hosts']} emulated hosts"),
+        title,
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {where} "
         f"(1 thread each), batch {batch:,} per rank. Command: `{meta['command']}`.",
@@ -307,20 +345,23 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"medians of {meta['steps']} steps per configuration, the four configurations' steps alternating: embshard "
         "plain and pipelined (`InputPipeline`: the next batch's input dist on a side thread), TorchRec's DMP step and "
         "its `TrainPipelineSparseDist` (it runs on CPU: without CUDA streams it issues the next batch's input dist "
-        "before this one's forward). Speed-up: the faster TorchRec configuration's step time / embshard's. "
+        "before this one's forward). Speed-up: the faster TorchRec configuration's step time / embshard's; spread: the "
+        "fastest and slowest step of embshard's plain step and of the faster TorchRec configuration. "
         "embshard's phases: of its plain step, medians on rank 0 (input dist includes validation and waiting for the "
         f"slower rank). Each data-parallel table trains in the mode the cost model prices cheaper on {profile_sentence(meta['profile'])}.",
         "",
         "| case | embshard samples/s | embshard pipelined | TorchRec DMP | TorchRec pipeline | speed-up plain "
-        "| speed-up pipelined | input dist ms | lookup ms | output dist ms | backward ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| speed-up pipelined | input dist ms | lookup ms | output dist ms | backward ms | spread ms: embshard / TorchRec |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        p, theirs = r["phases_s"], min(r["torchrec_s"], r["torchrec_pipelined_s"])
+        p, theirs = r["phases_s"], faster_torchrec_s(r)
         rates = " | ".join(f"{samples / r[f'{c}_s']:,.0f}" for c in CONFIGS)
+        spread = " / ".join("-".join(f"{1e3 * x:.0f}" for x in r["range_s"][c])
+                            for c in ("embshard", "torchrec" if r["torchrec_s"] == theirs else "torchrec_pipelined"))
         lines.append(f"| {r['case']} | {rates} | {theirs / r['embshard_s']:.2f}x | {theirs / r['embshard_pipelined_s']:.2f}x | "
                      f"{1e3 * p.get('input_dist', 0):.1f} | {1e3 * p.get('lookup', 0):.1f} | "
-                     f"{1e3 * p.get('output_dist', 0):.1f} | {1e3 * p.get('backward', 0):.1f} |")
+                     f"{1e3 * p.get('output_dist', 0):.1f} | {1e3 * p.get('backward', 0):.1f} | {spread} |")
     forced = [r for r in results if "embshard_allreduce_s" in r]
     if forced:
         lines += ["", "Data-parallel modes, same run (steps alternating with the rows above): embshard's samples/s with "
@@ -332,48 +373,75 @@ def markdown(results: list[dict], meta: dict) -> str:
                          f"{samples / r['embshard_replicated_lookup_s']:,.0f} |")
     lines.append("")
     for label, ours in (("plain", "embshard_s"), ("pipelined", "embshard_pipelined_s")):
-        ratios = [min(r["torchrec_s"], r["torchrec_pipelined_s"]) / r[ours] for r in results]
+        ratios = [faster_torchrec_s(r) / r[ours] for r in results]
         lines.append(f"Speed-up of embshard {label} (faster TorchRec step time / embshard step time): geometric mean "
                      f"{geometric_mean(ratios):.2f}x, min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} cases.")
-    lines += ["",
-              "Where the time goes. Fused pooled cases run the same FBGEMM kernel in both runtimes, and its CPU "
-              "backward (with the rowwise_adagrad update) is most of the step; embshard's edge there is the "
-              "rest: one header all-gather + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
-              "Sequence tables: embshard looks them up with FBGEMM's summing kernel over one-id bags, whose CPU "
-              "backward is about 10x faster than the PoolingMode.NONE kernel TorchRec uses. Data-parallel: "
-              "embshard's replicas look up the global batch and exchange ids and pooled gradients; TorchRec "
-              "all-reduces whole-table gradients (DDP) and its dense RowWiseAdagrad touches every row.", "",
-              "The machine is shared: alternating the runtimes step by step and taking medians damps, but "
-              "does not remove, noise from other load.", ""]
+    lines.append(f"Time on rank 0: {sum(r['case_s'] for r in results):.0f} s over the cases, of which {sum(r['setup_s'] for r in results):.0f} s "
+                 "building the models.")
+    if not hosts.emulated:
+        lines += ["",
+                  "Where the time goes. Fused pooled cases run the same FBGEMM kernel in both runtimes, and its CPU "
+                  "backward (with the rowwise_adagrad update) is most of the step; embshard's edge there is the "
+                  "rest: one header all-gather + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
+                  "Sequence tables: embshard looks them up with FBGEMM's summing kernel over one-id bags, whose CPU "
+                  "backward is about 10x faster than the PoolingMode.NONE kernel TorchRec uses. Data-parallel: "
+                  "embshard's replicas look up the global batch and exchange ids and pooled gradients; TorchRec "
+                  "all-reduces whole-table gradients (DDP) and its dense RowWiseAdagrad touches every row."]
+    lines += ["", "The machine is shared: alternating the runtimes step by step and taking medians damps, but "
+                  "does not remove, noise from other load.", ""]
     return "\n".join(lines)
 
 
+def settings(args: argparse.Namespace, hosts: Hosts) -> dict:
+    """What the ranks run: only, steps, warmup and batch per rank (--quick's, else the flags', else the mode's defaults:
+    on emulated hosts fewer steps and a smaller batch); ValueError on bad values."""
+    if args.quick:
+        return dict(QUICK)
+    out = {"only": args.only, "steps": args.steps or (HOSTS_STEPS if hosts.emulated else STEPS),
+           "warmup": HOSTS_WARMUP if hosts.emulated else WARMUP, "batch": args.batch or (HOSTS_BATCH if hosts.emulated else BATCH_SIZE)}
+    if out["steps"] < 1 or out["batch"] < 1:
+        raise ValueError(f"--steps {out['steps']}, --batch {out['batch']}: both must be at least 1")
+    return out
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/runtime.md (runtime_hosts.md with --hosts 2)")
+    parser = argparse.ArgumentParser(prog="runtime_vs_torchrec.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/runtime.md (with --hosts: its hosts section; "
+                        "with --quick: none, printed only)")
     parser.add_argument("--only", default="", help="run cases whose name contains this")
     parser.add_argument("--dp-modes", action="store_true",
                         help="also time embshard with each data-parallel mode forced on every data-parallel table")
-    parser.add_argument("--hosts", type=int, default=1, choices=(1, 2), help="2: on 2 emulated hosts x 2 ranks (root)")
-    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per configuration")
-    parser.add_argument("--batch", type=int, default=BATCH_SIZE, help="batch per rank")
+    parser.add_argument("--steps", type=int, help=f"timed steps per configuration (default {STEPS}, {HOSTS_STEPS} with --hosts)")
+    parser.add_argument("--batch", type=int, help=f"batch per rank (default {BATCH_SIZE}, {HOSTS_BATCH} with --hosts)")
+    parser.add_argument("--quick", action="store_true", help="the two mixed cases, batch 128, one step: a check (printed only)")
     parser.add_argument("--profile", default="cpu_gloo_measured",
                         help="topology profile that prices the plans (each data-parallel table's mode); none: datasheet terms")
+    add_hosts_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    out = Path(args.out or f"benchmarks/results/{'runtime' if args.hosts == 1 else 'runtime_hosts'}.md")
+    try:
+        hosts = hosts_of(args, RANKS_PER_HOST)
+        run = settings(args, hosts)
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
-    shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", args.only, "--steps", str(args.steps),
-                                   "--batch", str(args.batch), "--profile", args.profile, *(["--dp-modes"] if args.dp_modes else [])], hosts=args.hosts, ranks_per_host=RANKS_PER_HOST)
-    meta = {"hosts": args.hosts, "shaping": shaping, "steps": args.steps, "batch": args.batch, "profile": args.profile,
-            "command": " ".join([COMMAND, *sys.argv[1:]])}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(json.loads(json_path.read_text()), meta))
-    print(out.read_text())
+    try:
+        shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", run["only"], "--steps", str(run["steps"]),
+                                       "--warmup", str(run["warmup"]), "--batch", str(run["batch"]), "--profile", args.profile,
+                                       *(["--dp-modes"] if args.dp_modes else [])],
+                            hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit, delay_ms=hosts.delay_ms)
+    except EmulationUnavailable as e:
+        parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
+    meta = {"hosts": hosts, "shaping": shaping, "steps": run["steps"], "batch": run["batch"], "profile": args.profile,
+            "quick": args.quick, "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
+    text = markdown(json.loads(json_path.read_text()), meta)
+    write_results(args.out, text, Path("benchmarks/results/runtime.md"), hosts, args.quick, TITLE)
+    print(text)
 
 
 if __name__ == "__main__":

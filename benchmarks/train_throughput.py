@@ -21,10 +21,16 @@ Each runtime runs two ways: embshard's plain step and its pipelined one (`embsha
 plain DMP step and its `TrainPipelineSparseDist` (the next batch's input dist overlapping this one's
 forward and backward; it runs on CPU). Ratios are each embshard step against the faster TorchRec one.
 
-    .venv/bin/python benchmarks/train_throughput.py --hosts 2 --out benchmarks/results/train_hosts.md
+    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~3 min
+    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # a check
 
-``--hosts 2``: the same on 2 emulated hosts x 2 ranks (embshard/emulated_hosts.py, needs root), the
-plan made for 4 ranks on 2 hosts, the inter-host links shaped (tbf; a delay where the kernel has netem).
+``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H
+emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), the plan made for H x L ranks on H hosts,
+each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). One repeat of
+4 rounds of 8 steps (the H x L ranks share this machine's cores; ~3 min on 2 cores), with the rounds'
+spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
+one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
+round of two steps: a check that it runs, printed only.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from statistics import median
@@ -41,13 +48,18 @@ from statistics import median
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from local_ranks import init_rank, run_ranks
+from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
 from profiles import profile_sentence, profile_topology
+from sections import write_results
 
+from embshard.emulated_hosts import EmulationUnavailable
 from embshard.machine import cpu_model
 
 RANKS_PER_HOST, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
-WARMUP, ITERS, ROUNDS, NUM_BATCHES = 3, 20, 5, 4
+WARMUP, ITERS, ROUNDS, REPEATS, NUM_BATCHES = 3, 20, 5, 3, 4
+HOSTS = {"warmup": 2, "iters": 8, "rounds": 4, "repeats": 1}  # on emulated hosts: the full run within ~5 min on 2 cores
+QUICK = {"only": "batch 512", "batch": 128, "warmup": 1, "iters": 2, "rounds": 1, "repeats": 1}  # --quick: a check that it runs
+TITLE = "# Training throughput: embshard vs TorchRec DistributedModelParallel"
 DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
 COMMAND = ".venv/bin/python benchmarks/train_throughput.py"
 CONFIGS = ("embshard", "embshard_pipelined", "torchrec", "torchrec_pipelined")
@@ -71,6 +83,18 @@ def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world
     sharded = tuple(t for t in ShardingType if t is not ShardingType.DATA_PARALLEL)
     constraints = None if data_parallel else Constraints({s.name: TableConstraint(sharded) for s in specs})
     return specs, planner.plan(specs, topology, constraints, time_budget_s=2.0, torchrec_compatible=True)
+
+
+def shared_plan(pg, local_world_size: int, *plan_args):
+    """(specs, plan) of `specs_and_plan` on rank 0, the same on every rank: the planner's search is time-budgeted, so
+    ranks planning on their own may find different plans (on 4 ranks sharing 2 cores they did)."""
+    from embshard.launch.distributed import RankContext, on_main
+    from embshard.planner.plan import ShardingPlan
+
+    ctx = RankContext(dist.get_rank(pg), dist.get_world_size(pg), dist.get_rank(pg) % local_world_size, local_world_size,
+                      torch.device("cpu"), pg)
+    plan = ShardingPlan.from_json(on_main(ctx, lambda: specs_and_plan(*plan_args)[1].to_json()))
+    return plan.specs, plan
 
 
 def make_batches(specs, rank: int, world_size: int, batch: int):
@@ -184,9 +208,9 @@ def torchrec_steps(specs, plan, pg, interaction: str, bottom, top, batches):
     return step, lambda: pipeline.progress(pipelined)
 
 
-def measure(step, pg, iters: int) -> tuple[float, float]:
-    """(wall seconds per step on rank 0 between barriers, CPU seconds per step of all ranks), after WARMUP steps."""
-    for _ in range(WARMUP):
+def measure(step, pg, iters: int, warmup: int) -> tuple[float, float]:
+    """(wall seconds per step on rank 0 between barriers, CPU seconds per step of all ranks), after ``warmup`` steps."""
+    for _ in range(warmup):
         step()
     dist.barrier(group=pg)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -206,7 +230,7 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     torch.manual_seed(0)
     world = dist.get_world_size(pg)
     batch = options.batch or batch
-    specs, plan = specs_and_plan(batch, data_parallel, world, local_world_size, options.profile)
+    specs, plan = shared_plan(pg, local_world_size, batch, data_parallel, world, local_world_size, options.profile)
     batches = make_batches(specs, dist.get_rank(pg), world, batch)
     ours, ours_pipelined, pipeline = embshard_steps(*embshard_model(specs, plan, pg, interaction, bottom, top), batches, pg)
     theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
@@ -214,12 +238,13 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
     for round_ in range(options.rounds):  # alternating, each round in another order
         for config in CONFIGS[round_ % 4:] + CONFIGS[:round_ % 4]:
-            runs[config].append(measure(steps[config], pg, options.iters))
+            runs[config].append(measure(steps[config], pg, options.iters, options.warmup))
     pipeline.close()
     samples = batch * world
     return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan), "load_average": os.getloadavg()[0],
             **{f"{c}_samples_per_s": samples / min(w for w, _ in runs[c]) for c in CONFIGS},
-            **{f"{c}_samples_per_cpu_s": samples / min(u for _, u in runs[c]) for c in CONFIGS}}
+            **{f"{c}_samples_per_cpu_s": samples / min(u for _, u in runs[c]) for c in CONFIGS},
+            **{f"{c}_rounds_samples_per_s": [samples / w for w, _ in runs[c]] for c in CONFIGS}}
 
 
 def worker(options: argparse.Namespace) -> None:
@@ -240,12 +265,17 @@ def worker(options: argparse.Namespace) -> None:
 
 def markdown(results: list[dict], meta: dict) -> str:
     repeats = max(r["repeat"] for r in results) + 1
-    world = meta["hosts"] * RANKS_PER_HOST
-    where = f"{world} gloo ranks (1 thread each)" if meta["hosts"] == 1 else \
-        f"{meta['hosts']} emulated hosts x {RANKS_PER_HOST} gloo ranks (1 thread each; inter-host links: {meta['shaping']})"
+    hosts: Hosts = meta["hosts"]
+    world = hosts.world_size
+    if hosts.emulated:
+        where = (f"{hosts.hosts} emulated hosts x {hosts.ranks_per_host} gloo ranks (1 thread each, all {world} sharing this "
+                 f"machine's cores; inter-host links: {meta['shaping']})")
+        title = (f"## On {hosts.hosts} emulated hosts x {hosts.ranks_per_host} ranks, {hosts.link_gbit:g} Gbit/s inter-host links"
+                 + (" (QUICK: one case, tiny batch, two steps: a check that it runs, not a measurement)" if meta["quick"] else ""))
+    else:
+        where, title = f"{world} gloo ranks (1 thread each)", TITLE + (" (QUICK: a check that it runs, not a measurement)" if meta["quick"] else "")
     lines = [
-        "# Training throughput: embshard vs TorchRec DistributedModelParallel"
-        + ("" if meta["hosts"] == 1 else f", {meta['hosts']} emulated hosts"),
+        title,
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, {where}, "
         f"torch {torch.__version__}, TorchRec 1.8.0, FBGEMM CPU 1.8.0.",
@@ -257,15 +287,17 @@ def markdown(results: list[dict], meta: dict) -> str:
         "Each runtime runs two ways: embshard plain and pipelined (`pipeline: true`: the next batch's input dist on a "
         "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
         "input dist of the next batch is issued before this one's forward). "
-        f"Each case ran {repeats} times; each time, best of {meta['rounds']} rounds of {meta['iters']} steps, the "
-        "four configurations alternating. Samples/s count all ranks (median over the repeats); samples per CPU-second "
-        "divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec configuration (by wall "
-        "clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
-        "Load: the 1-minute load average during the case (2 cores: above 2 means other processes competed).",
+        f"Each case ran {repeats} times; each time, best of {meta['rounds']} rounds of {meta['iters']} steps (after "
+        f"{meta['warmup']} warmup steps each), the four configurations alternating. Samples/s count all ranks (median over "
+        "the repeats); samples per CPU-second divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec "
+        "configuration (by wall clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
+        "Spread: the slowest and fastest round (samples/s, every repeat) of embshard plain and of the faster TorchRec "
+        f"configuration. Load: the 1-minute load average during the case ({os.cpu_count()} cores; its own {world} ranks count "
+        f"up to {world}, more means other processes competed).",
         "",
         "| case | plan | load | embshard | embshard pipelined | TorchRec DMP | TorchRec pipeline "
-        "| wall ratio plain | wall ratio pipelined | CPU ratio plain | CPU ratio pipelined |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| wall ratio plain | wall ratio pipelined | CPU ratio plain | CPU ratio pipelined | rounds' spread: embshard / TorchRec |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def ratio(runs: list[dict], ours: str, unit: str) -> str:
@@ -273,45 +305,77 @@ def markdown(results: list[dict], meta: dict) -> str:
                                                          r[f"torchrec_pipelined_samples_per_{unit}"]) for r in runs)
         return f"{median(x):.2f}x [{x[0]:.2f}, {x[-1]:.2f}]"
 
+    def spread(runs: list[dict], config: str) -> str:
+        x = [v for r in runs for v in r[f"{config}_rounds_samples_per_s"]]
+        return f"{min(x):,.0f}-{max(x):,.0f}"
+
     for name, *_ in CASES:
         runs = [r for r in results if r["case"] == name]
         if not runs:
             continue
         plan = ", ".join(f"{k} {v}" for k, v in runs[0]["plan"].items())
         rates = " | ".join(f"{median([r[f'{c}_samples_per_s'] for r in runs]):,.0f}" for c in CONFIGS)
+        theirs = max(("torchrec", "torchrec_pipelined"), key=lambda c: median([r[f"{c}_samples_per_s"] for r in runs]))
         lines.append(f"| {name} | {plan} | {median([r['load_average'] for r in runs]):.1f} | {rates} "
                      f"| {ratio(runs, 'embshard', 's')} | {ratio(runs, 'embshard_pipelined', 's')} "
-                     f"| {ratio(runs, 'embshard', 'cpu_s')} | {ratio(runs, 'embshard_pipelined', 'cpu_s')} |")
+                     f"| {ratio(runs, 'embshard', 'cpu_s')} | {ratio(runs, 'embshard_pipelined', 'cpu_s')} "
+                     f"| {spread(runs, 'embshard')} / {spread(runs, theirs)} |")
     return "\n".join(lines) + "\n"
 
 
+def settings(args: argparse.Namespace, hosts: Hosts) -> dict:
+    """What the ranks run: only, batch (0: each case's own), warmup, iters, rounds and repeats (--quick's, else the
+    flags', else the mode's defaults: on emulated hosts fewer steps and one repeat); ValueError on bad values."""
+    if args.quick:
+        return dict(QUICK)
+    defaults = HOSTS if hosts.emulated else {"warmup": WARMUP, "iters": ITERS, "rounds": ROUNDS, "repeats": REPEATS}
+    out = {"only": args.only, "batch": args.batch, **{k: getattr(args, k) or v for k, v in defaults.items()}}
+    if min(out["iters"], out["rounds"], out["repeats"]) < 1 or out["batch"] < 0:
+        raise ValueError(f"--iters {out['iters']}, --rounds {out['rounds']}, --repeats {out['repeats']}, --batch {out['batch']}: "
+                         "the first three must be at least 1, the batch 0 (each case's own) or more")
+    return out
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/train.md (train_hosts.md with --hosts 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="run every case this many times")
-    parser.add_argument("--hosts", type=int, default=1, choices=(1, 2), help="2: on 2 emulated hosts x 2 ranks (root)")
+    parser = argparse.ArgumentParser(prog="train_throughput.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/train.md (with --hosts: its hosts section; "
+                        "with --quick: none, printed only)")
+    parser.add_argument("--repeats", type=int, help=f"run every case this many times (default {REPEATS}, {HOSTS['repeats']} with --hosts)")
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
-    parser.add_argument("--iters", type=int, default=ITERS, help="steps per round")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds per configuration")
+    parser.add_argument("--iters", type=int, help=f"steps per round (default {ITERS}, {HOSTS['iters']} with --hosts)")
+    parser.add_argument("--rounds", type=int, help=f"rounds per configuration (default {ROUNDS}, {HOSTS['rounds']} with --hosts)")
     parser.add_argument("--batch", type=int, default=0, help="batch per rank of every case (0: the case's own)")
+    parser.add_argument("--quick", action="store_true", help="one case, batch 128, one round of 2 steps: a check (printed only)")
     parser.add_argument("--profile", default="cpu_gloo_measured", help="topology profile the planner plans with; none: datasheet terms")
+    add_hosts_arguments(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    out = Path(args.out or f"benchmarks/results/{'train' if args.hosts == 1 else 'train_hosts'}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path = out.with_suffix(".json")
-    forwarded = ["--repeats", str(args.repeats), "--only", args.only, "--iters", str(args.iters), "--rounds",
-                 str(args.rounds), "--batch", str(args.batch), "--profile", args.profile]
-    shaping = run_ranks(__file__, ["--worker", "--json", str(json_path.absolute()), *forwarded], hosts=args.hosts,
-                        ranks_per_host=RANKS_PER_HOST, env={"PYTHONPATH": str(ROOT)})
-    meta = {"hosts": args.hosts, "shaping": shaping, "iters": args.iters, "rounds": args.rounds, "profile": args.profile,
-            "command": " ".join([COMMAND, *sys.argv[1:]])}
-    out.write_text(markdown(json.loads(json_path.read_text()), meta))
-    print(out.read_text())
+    try:
+        hosts = hosts_of(args, RANKS_PER_HOST)
+        run = settings(args, hosts)
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    out = Path(args.out or "benchmarks/results/train.md")
+    json_path = (Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "train.json" if args.quick and args.out is None
+                 else out.with_name(f"{out.stem}_hosts.json") if hosts.emulated else out.with_suffix(".json")).absolute()
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), *(f"--{k}={v}" for k, v in run.items())],
+                            hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit,
+                            delay_ms=hosts.delay_ms, env={"PYTHONPATH": str(ROOT)})
+    except EmulationUnavailable as e:
+        parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
+    meta = {"hosts": hosts, "shaping": shaping, "warmup": run["warmup"], "iters": run["iters"], "rounds": run["rounds"],
+            "profile": args.profile, "quick": args.quick,
+            "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
+    text = markdown(json.loads(json_path.read_text()), meta)
+    write_results(args.out, text, out, hosts, args.quick, TITLE)
+    print(text)
 
 
 if __name__ == "__main__":

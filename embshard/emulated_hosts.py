@@ -270,10 +270,12 @@ class EmulatedHosts:
 
 
 def run_torchrun(num_hosts: int, ranks_per_host: int, args: Sequence[str], timeout_s: float, rate_gbit: float = 2.0,
-                 delay_ms: float = 0.1, log_dir: Path | None = None) -> tuple[list[HostExit], list[LinkBytes], str]:
-    """One torchrun job on ``num_hosts`` emulated hosts: each host's exit, link bytes, and the shaping applied."""
+                 delay_ms: float = 0.1, log_dir: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> tuple[list[HostExit], list[LinkBytes], str]:
+    """One torchrun job on ``num_hosts`` emulated hosts (environment ``env``, default this process's): each host's
+    exit, link bytes, and the shaping applied."""
     with EmulatedHosts(num_hosts, rate_gbit, delay_ms) as cluster:
-        exits = cluster.wait(cluster.torchrun(ranks_per_host, args, log_dir=log_dir), timeout_s)
+        exits = cluster.wait(cluster.torchrun(ranks_per_host, args, env, log_dir), timeout_s)
         return exits, [cluster.link_bytes(h) for h in range(num_hosts)], cluster.shaping
 
 

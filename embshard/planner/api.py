@@ -150,14 +150,24 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
         f"the returned plan costs {result.max_rank_ms} ms, the search scored {scored_ms} ms"
-    if topology.reduces_in_host and _reduces_in_host(specs, placements):  # flat where the reduction costs more than it saves
-        flat_topology = replace(topology, reduce_in_host=False)  # priced first, reported only where it wins
-        if max(p.total_ms for p in rank_perfs(specs, flat_topology, placements, inference)) < result.max_rank_ms:
-            result = evaluate(specs, flat_topology, placements, constraints, lower_bound=bound,
-                              search={**search, "reduce_in_host": False}, inference=inference, hot_ids_file=hot_ids_file)
-            search = result.search
+    flat_topology = cheaper_reduction(specs, topology, placements, result.max_rank_ms, inference)
+    if flat_topology is not topology:  # flat where the reduction costs more than it saves
+        result = evaluate(specs, flat_topology, placements, constraints, lower_bound=bound,
+                          search={**search, "reduce_in_host": False}, inference=inference, hot_ids_file=hot_ids_file)
+        search = result.search
     clock.lap("report")
     return replace(result, search={**search, **clock.block()})
+
+
+def cheaper_reduction(specs: Sequence[TableSpec], topology: Topology, placements: Sequence[TablePlacement], step_ms: float,
+                      inference: bool = False) -> Topology:
+    """``topology`` (whose slowest rank takes ``step_ms`` with these placements), or its flat variant
+    (``reduce_in_host`` false: no in-host reduction across hosts) where the cost model prices that faster."""
+    if topology.reduces_in_host and _reduces_in_host(specs, placements):
+        flat = replace(topology, reduce_in_host=False)  # priced only where something runs differently flat
+        if max(p.total_ms for p in rank_perfs(specs, flat, placements, inference)) < step_ms:
+            return flat
+    return topology
 
 
 def _reduces_in_host(specs: Sequence[TableSpec], placements: Sequence[TablePlacement]) -> bool:
