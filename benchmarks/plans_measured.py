@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu_gloo_measured")
     parser.add_argument("--steps", type=int, help="default 10 (one host), 6 (--hosts)")
     parser.add_argument("--warmup", type=int, help="default 2 (one host), 1 (--hosts)")
-    parser.add_argument("--rounds", type=int, help="default 5 (one host), 3 (--hosts)")
+    parser.add_argument("--rounds", type=int, help="default 5 (one host and --hosts: the fewest rounds in which a sign test can tell two plans apart)")
     parser.add_argument("--embshard-budget-s", type=float, default=10.0)
     parser.add_argument("--torchrec-search-s", type=int, help="default 60 (one host), 20 (--hosts)")
     parser.add_argument("--skip-dmp", action="store_true")
@@ -298,7 +298,7 @@ def main() -> None:
     hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
     hosts.add_argument("--quick", action="store_true", help="tiny tables, 2 steps, 1 round: a check that it runs (seconds)")
     args = parser.parse_args()
-    args.rounds = args.rounds or (3 if args.hosts else 5)
+    args.rounds = args.rounds or 5
     args.steps = args.steps or (6 if args.hosts else 10)
     args.warmup = args.warmup if args.warmup is not None else 1 if args.hosts else 2
     args.torchrec_search_s = args.torchrec_search_s or (20 if args.hosts else 60)

@@ -1,9 +1,9 @@
 """plans_measured.py's multi-host mode: plans on H emulated hosts x L ranks joined by a slow link.
 
-    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # 5-6.5 min, 2 cores
+    sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # 6-8 min, 2 cores
     sudo .venv/bin/python benchmarks/plans_measured.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # ~2 min check
 
-The full run: planning (embshard 10 s, TorchRec's planner up to 20 s, per workload), then 3 rounds of
+The full run: planning (embshard 10 s, TorchRec's planner up to 20 s, per workload), then 5 rounds of
 13 plans (6 steps + 1 warmup each; setting up a plan's collections costs more than its steps), the first
 with TorchRec's DMP on 2 more. Measured parts of it at load ~8 on 2 cores: 5 full-size plans of one
 workload, 4 steps each, 45 s with planning; --quick (every part, tiny tables) 2 min at load 14.
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -279,15 +280,28 @@ HEAD = ("| {what} | layouts | predicted ms (slowest) | measured ms (slowest) | p
         "measured ms per rank | inter-host MB/step counted / predicted | link MB/step per host |\n|---|---|---:|---:|---:|---|---|---|---|")
 
 
+def paired_rounds(base: list[float], other: list[float]) -> tuple[int, int, float]:
+    """Rounds in which base was faster than other (round i of every plan ran in the same round, the
+    plans' order alternating), out of how many, and the one-sided sign test's p-value of that many
+    wins if neither plan were faster (each round a fair coin)."""
+    assert len(base) == len(other), (len(base), len(other))
+    n, wins = len(base), sum(b < o for b, o in zip(base, other))
+    return wins, n, sum(math.comb(n, j) for j in range(wins, n + 1)) / 2 ** n
+
+
 def verdict(e: dict) -> str:
     fastest = min(e, key=lambda k: e[k]["measured_max_rank_ms"])
     base = e["embshard"]
-    apart = all(max(base["rounds_max_rank_ms"]) < min(e[k]["rounds_max_rank_ms"]) for k in e if k != "embshard")
     err = base["predicted_max_rank_ms"] / base["measured_max_rank_ms"] - 1
     if fastest == "embshard":
         nxt = min((k for k in e if k != "embshard"), key=lambda k: e[k]["measured_max_rank_ms"])
+        apart = all(max(base["rounds_max_rank_ms"]) < min(e[k]["rounds_max_rank_ms"]) for k in e if k != "embshard")
+        tests = [(k, *paired_rounds(base["rounds_max_rank_ms"], e[k]["rounds_max_rank_ms"])) for k in e if k != "embshard"]
+        measurable = all(p < 0.05 for *_, p in tests)
+        pairs = ", ".join(f"{k} in {wins} of {n} rounds (sign test p = {p:.3f})" for k, wins, n, p in tests)
         head = (f"embshard fastest, {e[nxt]['measured_max_rank_ms'] / base['measured_max_rank_ms'] - 1:.1%} ahead of {nxt}"
-                f" ({'every round apart' if apart else 'rounds overlap'})")
+                f" ({'every round apart' if apart else 'rounds overlap'}); faster than {pairs}: "
+                f"{'measurably fastest' if measurable else 'NOT measurably fastest (p >= 0.05)'}")
     else:
         head = f"embshard NOT fastest: {fastest} is {1 - e[fastest]['measured_max_rank_ms'] / base['measured_max_rank_ms']:.1%} faster"
     return f"{head}; embshard's predicted step {err:+.0%} off measured ({'within' if abs(err) <= 0.2 else 'outside'} the 20% target)"

@@ -34,3 +34,20 @@ def test_half_a_core_per_rank_doubles_the_cpu_phases_not_the_inter_host_link(ben
     assert two.total_ms == pytest.approx(2 * one.total_ms - link_ms.total_ms, rel=1e-9)
     with pytest.raises(AssertionError):
         bench.emulated_topology(PROFILE, 2, 2, 0.5, 2.0)
+
+
+def _entry(rounds_ms: list[float], predicted_ms: float = 100.0) -> dict:
+    return {"measured_max_rank_ms": sorted(rounds_ms)[len(rounds_ms) // 2], "rounds_max_rank_ms": rounds_ms,
+            "predicted_max_rank_ms": predicted_ms}
+
+
+def test_fastest_is_measurable_only_when_it_wins_enough_paired_rounds(bench):
+    # rounds overlap (102 > 101), yet embshard wins every one of 5 paired rounds: p = 1/32
+    assert bench.paired_rounds([100, 102, 99, 100, 98], [101, 104, 101, 103, 101]) == (5, 5, 1 / 32)
+    assert bench.paired_rounds([100, 102, 99], [101, 104, 101]) == (3, 3, 1 / 8)
+    wins = bench.verdict({"embshard": _entry([100, 102, 99, 100, 98]), "greedy": _entry([101, 104, 101, 103, 101])})
+    assert "rounds overlap" in wins and "greedy in 5 of 5 rounds (sign test p = 0.031)" in wins
+    assert ": measurably fastest;" in wins and "+0% off measured (within" in wins
+    # the same medians, but embshard loses one round: 4 of 5, p = 6/32
+    one_lost = bench.verdict({"embshard": _entry([100, 102, 99, 100, 98]), "greedy": _entry([101, 101, 101, 103, 101])})
+    assert "greedy in 4 of 5 rounds (sign test p = 0.188)" in one_lost and "NOT measurably fastest" in one_lost
