@@ -117,3 +117,14 @@ def test_enumeration_equals_reference(seed, topo, inference, torchrec_compatible
     assert seen_pooled == {True, False}
     if not torchrec_compatible:
         assert seen_types == set(ShardingType), seen_types  # every sharding type was checked
+
+
+def test_factored_with_link_is_factored_plus_link():
+    """_factored's link path (one Perf built) sums exactly as the factored Perf + link, on a calibrated profile."""
+    from embshard.planner.cost.perf import _factored
+
+    topo = replace(_calibrated(8, 4), input_dist_factor=1.3, lookup_fwd_factor=0.7, output_dist_factor=1.1,
+                   lookup_bwd_factor=0.9, dp_allreduce_factor=1.7)
+    p, link = Perf(0.1, 0.2, 0.3, 0.4, 0.5, 0.6), Perf(1 / 3, 1 / 7, 1 / 9, 1 / 11, 1 / 13, 1 / 17)
+    assert _factored(p, topo, link) == _factored(p, topo) + link
+    assert _factored(p, topo) == Perf(0.1 * 1.3, 0.2 * 0.7, 0.3 * 1.1, 0.4 * 1.1, 0.5 * 0.9, 0.6 * 1.7)
