@@ -22,6 +22,7 @@ state, no gradients; see cost/storage.py).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import product
 
 from embshard.planner.cost.hot_rows import hot_row_counts, hot_split
 from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, requester_perf
@@ -85,14 +86,14 @@ def _shard_costs(spec: TableSpec, topo: Topology, stype: ShardingType, rows: tup
                  inference: bool, location: Location, cache_fraction: float) -> tuple[ShardCost, ...]:
     """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once)."""
     phases = forward_only if inference else (lambda p: p)
+    heights, widths = [n for _, n in rows], [d for _, d in cols]
     costed: dict[tuple[int, int], ShardCost] = {}
-    for _, n in rows:
-        for _, d in cols:
-            if (n, d) not in costed:
-                c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
-                costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards, location, c)),
-                                           holder_storage(spec, topo, stype, n, d, inference, location, c))
-    return tuple(costed[(n, d)] for _, n in rows for _, d in cols)
+    for n in set(heights):  # a row split has at most two block heights: the per-shard work is in C (product, map)
+        c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
+        for d in set(widths):
+            costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards, location, c)),
+                                       holder_storage(spec, topo, stype, n, d, inference, location, c))
+    return tuple(map(costed.__getitem__, product(heights, widths)))
 
 
 def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: bool = False) -> list[Candidate]:
@@ -111,7 +112,8 @@ def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: b
 
 def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConstraint, splits: bool = True,
                          torchrec_compatible: bool = False, inference: bool = False,
-                         max_row_shards: int | None = None, tiers: bool = False, hot_rows: bool = False) -> list[Candidate]:
+                         max_row_shards: int | None = None, tiers: bool = False, hot_rows: bool = False,
+                         table_wise: Candidate | None = None) -> list[Candidate]:
     """Candidates the constraint allows; with splits=False only data_parallel and table_wise;
     row_wise into at most max_row_shards blocks (None: up to all allowed ranks); with tiers
     each sharded layout also in host memory and cached (`tiered`); hot_rows: each
@@ -119,7 +121,8 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
     look-ups in training: the runtime trains hot replicas by all-reduce only), in HBM.
 
     torchrec_compatible keeps to layouts TorchRec's runtime can express: row_wise over all
-    ranks and table_row_wise over a whole host.
+    ranks and table_row_wise over a whole host. table_wise: this table's `candidate` for
+    table_wise in HBM when already priced (search.problem prices it first), reused as it is.
     """
     allowed = set(constraint.sharding_types)
     if not splits:
@@ -155,6 +158,7 @@ def enumerate_candidates(spec: TableSpec, topo: Topology, constraint: TableConst
     hot_counts = hot_row_counts(spec) if hot_rows and not torchrec_compatible and \
         (inference or not topo.replicated_dp_lookup) else [0]
     cands = [c for stype, k in specs for h in (hot_counts if stype is not ShardingType.DATA_PARALLEL else [0])
-             if (c := candidate(spec, topo, stype, k, inference, hot_rows=h)) is not None]
+             if (c := table_wise if table_wise is not None and stype is ShardingType.TABLE_WISE and not h
+                 else candidate(spec, topo, stype, k, inference, hot_rows=h)) is not None]
     return tiered(cands, spec, topo, inference) if tiers else cands
 

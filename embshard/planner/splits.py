@@ -7,6 +7,8 @@ every shard but the last holds `block` rows. Column splits keep widths multiples
 
 from __future__ import annotations
 
+from itertools import repeat
+
 COL_ALIGN = 4
 
 
@@ -16,7 +18,7 @@ def row_splits(num_rows: int, num_shards: int) -> list[tuple[int, int]] | None:
     if (num_shards - 1) * block >= num_rows:  # the last shard would be empty
         return None
     last = (num_shards - 1) * block
-    return [(i * block, block) for i in range(num_shards - 1)] + [(last, num_rows - last)]
+    return [*zip(range(0, last, block), repeat(block)), (last, num_rows - last)]
 
 
 def col_splits(dim: int, num_shards: int) -> list[tuple[int, int]] | None:

@@ -107,10 +107,15 @@ def _factored(p: Perf, topo: Topology, link: Perf = _NO_LINK) -> Perf:
     """Per-phase efficiency factors of a calibrated profile (all 1 in the datasheet model) on ``p``, plus ``link``:
     time on inter-host links, which the factors (a rank's work in whole steps on one host) do not scale --
     inter_host_gb_per_s is fitted as the wall time of collectives between hosts (embshard.calibrate.hosts)."""
-    factored = Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
+    if link is _NO_LINK:
+        return Perf(p.input_dist_ms * topo.input_dist_factor, p.lookup_fwd_ms * topo.lookup_fwd_factor,
                     p.output_dist_fwd_ms * topo.output_dist_factor, p.output_dist_bwd_ms * topo.output_dist_factor,
                     p.lookup_bwd_ms * topo.lookup_bwd_factor, p.dp_allreduce_ms * topo.dp_allreduce_factor)
-    return factored if link is _NO_LINK else factored + link
+    # the same sums as the factored Perf + link, without building the intermediate Perf (enumeration's hot path)
+    return Perf(p.input_dist_ms * topo.input_dist_factor + link.input_dist_ms, p.lookup_fwd_ms * topo.lookup_fwd_factor + link.lookup_fwd_ms,
+                p.output_dist_fwd_ms * topo.output_dist_factor + link.output_dist_fwd_ms,
+                p.output_dist_bwd_ms * topo.output_dist_factor + link.output_dist_bwd_ms,
+                p.lookup_bwd_ms * topo.lookup_bwd_factor + link.lookup_bwd_ms, p.dp_allreduce_ms * topo.dp_allreduce_factor + link.dp_allreduce_ms)
 
 
 def row_bytes(spec: TableSpec, num_cols: int) -> int:
@@ -142,7 +147,8 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
     unique_rows = min(num_ids, num_rows)
     opt = spec.optimizer_state_bytes_per_row(num_cols)
-    fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, num_rows, num_cols)
+    distinct = expected_distinct_rows(num_ids, num_rows)
+    fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, distinct, rb, opt)
     out_ms = _ns(out_bytes, topo.lookup_ns_per_out_byte)
     if location is Location.HBM:
         fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
@@ -158,7 +164,7 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
     # uvm_cache: misses fetched from host memory into the cache, lookups then read the cache;
     # backward updates cached rows in HBM, their optimizer state in host memory, and writes
     # back the rows the fetches evicted
-    misses = (1.0 - hit_rate(spec, num_cache_rows, num_rows)) * expected_distinct_rows(num_ids, num_rows)
+    misses = (1.0 - hit_rate(spec, num_cache_rows, num_rows)) * distinct
     fwd = (_ms(num_ids * (ID_BYTES + rb) + out_bytes + misses * rb, topo.hbm_gb_per_s)
            + _ms(misses * rb, topo.ddr_gb_per_s))
     bwd = (_ms(out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * rb + misses * rb, topo.hbm_gb_per_s)
@@ -166,11 +172,9 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
     return fwd + fwd_extra + out_ms, bwd + bwd_extra + out_ms
 
 
-def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int) -> tuple[float, float]:
-    """Calibrated lookup work beyond moving bytes (0 in the datasheet model): (forward, backward) ms."""
-    rb = row_bytes(spec, num_cols)
-    opt = spec.optimizer_state_bytes_per_row(num_cols)
-    distinct = expected_distinct_rows(num_ids, num_rows)
+def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, distinct: float, rb: int, opt: int) -> tuple[float, float]:
+    """Calibrated lookup work beyond moving bytes (0 in the datasheet model): (forward, backward) ms of num_ids
+    ids hitting `distinct` rows of rb bytes (`row_bytes`) and opt bytes of optimizer state each."""
     fwd = _ns(num_ids, topo.lookup_fwd_ns_per_id) + _ns(distinct * rb, topo.lookup_ns_per_row_byte)
     if spec.pooled and spec.num_features > 1:  # a table shared by features: FBGEMM's generic update loop
         update = _ns(distinct, topo.lookup_bwd_shared_ns_per_row) + _ns(distinct * (rb + opt), topo.lookup_bwd_shared_ns_per_row_byte)

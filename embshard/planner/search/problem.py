@@ -87,31 +87,29 @@ class CandVec:
 
 
 def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topology, kernel_index: Callable[[tuple], int] | None,
-             inference: bool = False) -> CandVec:
+             requester_bytes: tuple[int, ...]) -> CandVec:
     """Flatten one candidate per member table (members of a unit are placed shard-aligned).
 
-    kernel_index: kernel group -> int, or None when kernel calls cost nothing."""
+    kernel_index: kernel group -> int, or None when kernel calls cost nothing; requester_bytes: per member, its
+    requester buffers (`requester_storage`, reserved up front in Problem.base_mem)."""
     assert all(c.num_shards == cands[0].num_shards and c.sharding_type is cands[0].sharding_type for c in cands)
     # equal blocks share one ShardCost object: flatten each distinct one once
     if len(cands) == 1:  # a table alone: its ShardCost objects are the keys
-        columns = [(sc,) for sc in {id(sc): sc for sc in cands[0].shards}.values()]
-        key_of = lambda parts: id(parts[0])  # noqa: E731
-        keys = [id(sc) for sc in cands[0].shards]
+        keys = list(map(id, cands[0].shards))
+        columns = {k: (sc,) for k, sc in zip(keys, cands[0].shards)}
     else:
-        columns = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
-        key_of = lambda parts: tuple(map(id, parts))  # noqa: E731
-        keys = [key_of(parts) for parts in columns]
+        parts_of = list(zip(*(c.shards for c in cands)))  # per shard: one ShardCost per member
+        keys = [tuple(map(id, parts)) for parts in parts_of]
+        columns = dict(zip(keys, parts_of))
     flat = {}
-    for parts in columns:
-        key = key_of(parts)
-        if key not in flat:
-            vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
-            flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts), sum(sc.storage.host_bytes for sc in parts))
-    per_shard = [flat[k] for k in keys]
-    vecs = [f[0] for f in per_shard]
+    for key, parts in columns.items():
+        vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
+        flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts), sum(sc.storage.host_bytes for sc in parts))
+    # per shard (the per-shard work in C); none for a data-parallel candidate
+    vecs, shard_cost, shard_mem, shard_host = tuple(zip(*map(flat.__getitem__, keys))) or ((), (), (), ())
     req = [0.0, 0.0, 0.0]
     every_ms, every_mem = 0.0, 0
-    for c, spec in zip(cands, specs):
+    for c, req_bytes in zip(cands, requester_bytes):
         rv = perf_vector(c.requester)
         if topo.full_duplex:
             req = [a + b for a, b in zip(req, rv[:3])]
@@ -119,7 +117,7 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
             every_ms += sum(rv[:3])
         every_ms += c.every_rank.total_ms
         # every layout pays the requester buffers; they are reserved up front (Problem.base_mem)
-        every_mem += c.every_rank_storage.total_bytes - requester_storage(spec, topo, inference).total_bytes
+        every_mem += c.every_rank_storage.total_bytes - req_bytes
     st = cands[0].sharding_type
     shard_kernels, every_kernels = (), ()
     mode = dp_mode_of(cands[0])  # hot rows: a replica on every rank too
@@ -130,9 +128,9 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         if st is not ShardingType.DATA_PARALLEL:
             blocks = [c.blocks for c in cands]
             shard_kernels = tuple(tuple(sorted({kernel_index(kernel_group(s, st, b[i].num_cols)) for s, b in zip(specs, blocks)}))
-                                  for i in range(len(per_shard)))
-    host_mem = tuple(f[3] for f in per_shard) if any(f[3] for f in per_shard) else ()
-    return CandVec(tuple(cands), tuple(vecs), tuple(f[1] for f in per_shard), tuple(f[2] for f in per_shard), tuple(req),
+                                  for i in range(len(vecs)))
+    host_mem = shard_host if any(shard_host) else ()
+    return CandVec(tuple(cands), vecs, shard_cost, shard_mem, tuple(req),
                    every_ms, every_mem, st.within_one_host, st is ShardingType.DATA_PARALLEL, shard_kernels, every_kernels,
                    host_mem, (DATA_PARALLEL_MODES.index(mode),) if mode else ())
 
@@ -187,19 +185,19 @@ FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the 
 
 
 def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints,
-                  inference: bool) -> tuple[set[str], set[str], dict[str, int], set[str]]:
+                  inference: bool) -> tuple[set[str], set[str], dict[str, int], set[str], dict[str, Candidate]]:
     """Tables big enough (in predicted time or bytes, whole) for splitting to matter, the
     subset too big in bytes to be left whole, per table the most row blocks worth offering,
     and the tables offered host memory and caches (with topology.ddr_gib: those whose bytes
-    whole take FINEST_BLOCK of a rank's memory or more; smaller ones free too little HBM).
-    Row blocks:
+    whole take FINEST_BLOCK of a rank's memory or more; smaller ones free too little HBM),
+    and the table_wise candidates it priced (enumeration reuses them). Row blocks:
     twice the count whose blocks take FINEST_BLOCK of the average rank load or of a rank's memory
     (finer blocks cannot balance anything; without it 1,024 ranks offer 1,024-way splits of
     every big table, most of the candidates' shards)."""
-    whole = {}
+    whole, table_wise = {}, {}
     for s in specs:
         if ShardingType.TABLE_WISE in constraints.for_table(s.name).sharding_types:
-            c = candidate(s, topo, ShardingType.TABLE_WISE, 1, inference)
+            c = table_wise[s.name] = candidate(s, topo, ShardingType.TABLE_WISE, 1, inference)
             whole[s.name] = (c.shards[0].perf.total_ms, c.shards[0].storage.total_bytes)
     avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
     limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
@@ -209,7 +207,7 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     row_limit = {n: 2 * math.ceil(max(ms / max(FINEST_BLOCK * avg_ms, 1e-300), b / (FINEST_BLOCK * cap)))
                  for n, (ms, b) in whole.items() if n in worthy}
     tierable = {s.name for s in specs if s.name not in whole or whole[s.name][1] >= FINEST_BLOCK * cap} if topo.ddr_gib else set()
-    return worthy, must, row_limit, tierable
+    return worthy, must, row_limit, tierable, table_wise
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
@@ -221,7 +219,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     splits took so far), they are offered splits only if too big to keep whole
     (``Problem.unsplit_for_time`` counts the others)."""
     by_name = {s.name: s for s in specs}
-    worthy, must_split, row_limit, tierable = _split_worthy(specs, topo, constraints, inference)
+    worthy, must_split, row_limit, tierable, table_wise = _split_worthy(specs, topo, constraints, inference)
     if torchrec_compatible:  # row_wise only over all ranks
         row_limit = {}
     unsplit_for_time = 0
@@ -232,6 +230,7 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     kernels: dict[tuple, int] = {}
     kernel_index = (lambda key: kernels.setdefault(key, len(kernels))) if call_ms else None
     all_ranks = set(range(topo.world_size))
+    requester_bytes = {s.name: requester_storage(s, topo, inference).total_bytes for s in specs}
     unsplit_s, num_unsplit = 0.0, 0  # time enumerating tables offered no splits, and their count
     for i, tables in enumerate(members):
         ranks = set(all_ranks)
@@ -248,9 +247,9 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
             rest_s = (len(members) - i) * unsplit_s / max(num_unsplit, 1)
             if splits and tables[0].name not in must_split and start + rest_s > deadline:
                 splits, unsplit_for_time = False, unsplit_for_time + 1
-            cands = tuple(_combine([c], tables, topo, kernel_index, inference) for c in enumerate_candidates(
+            cands = tuple(_combine([c], tables, topo, kernel_index, (requester_bytes[tables[0].name],)) for c in enumerate_candidates(
                 tables[0], topo, constraints.for_table(tables[0].name), splits, torchrec_compatible, inference,
-                row_limit.get(tables[0].name), tables[0].name in tierable, hot_rows))
+                row_limit.get(tables[0].name), tables[0].name in tierable, hot_rows, table_wise.get(tables[0].name)))
             if not splits:
                 unsplit_s, num_unsplit = unsplit_s + time.perf_counter() - start, num_unsplit + 1
         else:
@@ -258,12 +257,12 @@ def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
                 if ShardingType.TABLE_WISE not in constraints.for_table(t.name).sharding_types:
                     raise ValueError(f"constraints.keep_together: {t.name!r} is kept together with others (placed table_wise on one rank) but its sharding_types exclude table_wise")
             cands = (_combine([candidate(t, topo, ShardingType.TABLE_WISE, 1, inference) for t in tables], tables, topo,
-                              kernel_index, inference),)
+                              kernel_index, tuple(requester_bytes[t.name] for t in tables)),)
         if not cands:
             raise ValueError(f"constraints.tables.{tables[0].name}: no sharding of this table satisfies its constraints "
                              f"(allowed types {[s.value for s in constraints.for_table(tables[0].name).sharding_types]}); allow more types or ranks")
         units.append(Unit(tables, cands, tuple(sorted(ranks))))
-    base_mem = sum(requester_storage(s, topo, inference).total_bytes for s in specs)
+    base_mem = sum(requester_bytes[s.name] for s in specs)
     fixed = fixed_perf(topo, num_collections(specs), 0)
     base_ms = (forward_only(fixed) if inference else fixed).total_ms
     group_ms = tuple(mode_group_perf(topo, m, inference).total_ms for m in DATA_PARALLEL_MODES)
