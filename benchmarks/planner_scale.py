@@ -8,7 +8,7 @@ ranks, 8 per host, 16 GiB per rank, batch 128 per rank, cuda defaults (SIZES: 15
 to 5,000 x 1,024; `--huge` adds 10,000 x 2,048). Each case runs the whole `embshard-plan`
 process (imports, Hydra, planning, report, plan.json and chart) in a subprocess, once with
 the base commit (--base, default d71f317, checked out with `git worktree` into a temporary
-folder) and once with this checkout; it records wall and CPU time of the process (os.wait4),
+folder) and once with this checkout; it records wall and CPU time of the process (os.wait4, from a small launcher: LAUNCHER),
 its peak RSS, the planning time the plan reports (search.wall_s), the plan file's size and
 the objective, bound and gap. `--torchrec` also runs TorchRec's EmbeddingShardingPlanner
 (benchmarks/planner_vs_torchrec.py's subprocess, killed after --torchrec-limit-s, default 10
@@ -46,6 +46,17 @@ HUGE = ((10000, 2048),)
 BASE = "d71f317"
 TOPOLOGY = ["topology.local_world_size=8", "topology.hbm_gib=16", "topology.batch_size_per_rank=128", "topology.device=cuda"]
 SEQUENCE_FRACTION = 0.1
+# Starts the measured process and writes its CPU time and peak RSS. It runs from a small interpreter because
+# Linux keeps the RSS high-water mark of the memory a child is forked with in its ru_maxrss across exec:
+# forked from this process (hundreds of MiB once TorchRec's planner is imported for --torchrec) every case
+# would report at least this process's RSS.
+LAUNCHER = """import json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_kib": usage.ru_maxrss}, f)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def run_case(checkout: Path, config_dir: Path, name: str, world_size: int, out_dir: Path, budget_s: float) -> dict:
@@ -56,15 +67,15 @@ def run_case(checkout: Path, config_dir: Path, name: str, world_size: int, out_d
            f"topology.world_size={world_size}", *TOPOLOGY, f"planner.time_budget_s={budget_s:g}", f"out={out}"]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     log = out_dir / "stdout.txt"
+    usage_file = out_dir / "usage.json"
     t0 = time.perf_counter()
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
-        _, status, usage = os.wait4(proc.pid, 0)
+        rc = subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER, str(usage_file), *cmd],
+                            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=out_dir).returncode
     wall_s = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    row = {"rc": proc.returncode, "process_wall_s": wall_s, "process_cpu_s": usage.ru_utime + usage.ru_stime,
-           "peak_rss_mib": usage.ru_maxrss / 1024}
-    if proc.returncode != 0 or not out.exists():
+    usage = json.loads(usage_file.read_text())
+    row = {"rc": rc, "process_wall_s": wall_s, "process_cpu_s": usage["cpu_s"], "peak_rss_mib": usage["maxrss_kib"] / 1024}
+    if rc != 0 or not out.exists():
         row["error"] = log.read_text().strip().splitlines()[-1:] or ["no output"]
         return row
     raw = json.loads(out.read_text())

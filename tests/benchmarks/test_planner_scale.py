@@ -37,3 +37,20 @@ def test_torchrec_is_not_started_above_a_size_where_it_missed_the_cap(bench, mon
     text = bench.markdown(rows, meta, {}, Path("x.png"))
     assert text.count(f"| TorchRec planner | n/a | | n/a | | | n/a | n/a |  | {bench.NOT_RUN} |") == 2
     assert "killed after 10 min; once it misses that cap, larger sizes are not started" in text
+
+
+def test_peak_rss_is_the_measured_process_not_the_benchmark_forking_it(bench, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    ballast = bytearray(400 * 2**20)  # this process holds 400 MiB, touched
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    usage = tmp_path / "usage.json"
+    child = [sys.executable, "-I", "-S", "-c", "import sys; sys.exit(3)"]
+    rc = subprocess.run([sys.executable, "-I", "-S", "-c", bench.LAUNCHER, str(usage), *child]).returncode
+    got = json.loads(usage.read_text())
+    assert rc == 3  # the measured process's exit status is the launcher's
+    assert got["maxrss_kib"] < 100 * 1024, got  # a bare interpreter, not the 400 MiB it was launched from
+    assert got["cpu_s"] < 5
+    del ballast
