@@ -22,8 +22,8 @@ Every plan runs on 4 local gloo ranks; a rank's step (forward + backward + fused
 measured as its process's CPU time (median of --steps steps), and the step time of a plan is
 its slowest rank's: what the step takes on one core per rank (4 ranks share 2 cores here,
 so wall-clock per step is also reported but measures the machine, not the plan). Rounds
-alternate the order of all nine plans (--rounds); the median round counts, and the spread
-of the rounds says whether two plans separate beyond noise. Results: a section of
+alternate the order of all nine plans (--rounds); the median round counts, and a sign test
+over the paired rounds (benchmarks/paired.py) says whether two plans separate beyond noise. Results: a section of
 benchmarks/results/cost_model.md and --json.
 """
 
@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cost_model_accuracy import TITLE, today  # noqa: E402
 from sections import update_section  # noqa: E402
 from local_ranks import run_script_ranks  # noqa: E402
+from paired import paired_rounds  # noqa: E402
 import profiles  # noqa: E402
 
 from embshard.calibrate.measure import measure_rounds  # noqa: E402
@@ -222,16 +223,19 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def verdict(e: dict) -> str:
-    """embshard vs the best other plan on embshard's runtime: by median, and whether the rounds separate."""
+    """embshard vs the best other plan on embshard's runtime: by median, and by a sign test over the paired rounds
+    (benchmarks/paired.py) against each other plan."""
     base = e["embshard"]
     k = min((k for k in PLANNERS if k != "embshard"), key=lambda k: e[k]["measured_max_rank_ms"])
     margin = e[k]["measured_max_rank_ms"] / base["measured_max_rank_ms"] - 1
-    separated = max(base["rounds_max_rank_ms"]) < min(e[k]["rounds_max_rank_ms"])
     if margin <= 0:
         return f"embshard NOT fastest: {k} is {-margin:.1%} faster by median"
-    how = "every round of embshard faster than every round of" if separated else "by median, but the rounds overlap with"
-    out = f"embshard fastest, {margin:.1%} ahead of the next best ({k}); {how} {k}"
-    if "torchrec_dmp" in e:  # another runtime too: TorchRec's plan where TorchRec runs it
+    tests = [(o, *paired_rounds(base["rounds_max_rank_ms"], e[o]["rounds_max_rank_ms"])) for o in PLANNERS if o != "embshard"]
+    measurable = all(p < 0.05 for *_, p in tests)
+    pairs = ", ".join(f"{o} in {wins} of {n} rounds (sign test p = {p:.3f})" for o, wins, n, p in tests)
+    out = (f"embshard fastest, {margin:.1%} ahead of the next best ({k}) by median; faster than {pairs}: "
+           f"{'measurably fastest' if measurable else 'NOT measurably fastest (p >= 0.05)'}")
+    if "torchrec_dmp" in e:  # another runtime too: TorchRec's plan where TorchRec runs it (its rounds run after the others: not paired)
         d = e["torchrec_dmp"]
         dmp_margin = d["measured_max_rank_ms"] / base["measured_max_rank_ms"] - 1
         apart = max(base["rounds_max_rank_ms"]) < min(d["rounds_max_rank_ms"])

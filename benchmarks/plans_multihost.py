@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -53,6 +52,8 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from paired import paired_rounds
 
 HERE = Path(__file__).resolve().parent
 QUICK = {"steps": 2, "warmup": 1, "rounds": 1, "embshard_budget_s": 1.0, "torchrec_search_s": 3, "scale": 0.02}
@@ -278,15 +279,6 @@ def _row(label: str, x: dict) -> str:
 
 HEAD = ("| {what} | layouts | predicted ms (slowest) | measured ms (slowest) | predicted / measured | predicted ms per rank | "
         "measured ms per rank | inter-host MB/step counted / predicted | link MB/step per host |\n|---|---|---:|---:|---:|---|---|---|---|")
-
-
-def paired_rounds(base: list[float], other: list[float]) -> tuple[int, int, float]:
-    """Rounds in which base was faster than other (round i of every plan ran in the same round, the
-    plans' order alternating), out of how many, and the one-sided sign test's p-value of that many
-    wins if neither plan were faster (each round a fair coin)."""
-    assert len(base) == len(other), (len(base), len(other))
-    n, wins = len(base), sum(b < o for b, o in zip(base, other))
-    return wins, n, sum(math.comb(n, j) for j in range(wins, n + 1)) / 2 ** n
 
 
 def verdict(e: dict) -> str:

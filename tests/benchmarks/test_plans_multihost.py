@@ -51,3 +51,14 @@ def test_fastest_is_measurable_only_when_it_wins_enough_paired_rounds(bench):
     # the same medians, but embshard loses one round: 4 of 5, p = 6/32
     one_lost = bench.verdict({"embshard": _entry([100, 102, 99, 100, 98]), "greedy": _entry([101, 101, 101, 103, 101])})
     assert "greedy in 4 of 5 rounds (sign test p = 0.188)" in one_lost and "NOT measurably fastest" in one_lost
+
+
+def test_the_one_host_verdict_tests_every_other_plan_over_paired_rounds(load_benchmark):
+    one_host = load_benchmark("plans_measured")
+    e = {"embshard": _entry([100, 102, 99, 100, 98]), "torchrec": _entry([101, 104, 101, 103, 101]),
+         "greedy": _entry([101, 101, 101, 103, 101])}  # embshard loses round 2 to greedy: 4 of 5, p = 6/32
+    text = one_host.verdict(e)
+    assert "torchrec in 5 of 5 rounds (sign test p = 0.031)" in text and "greedy in 4 of 5 rounds (sign test p = 0.188)" in text
+    assert "NOT measurably fastest" in text
+    e["greedy"] = _entry([103, 105, 104, 106, 102])
+    assert ": measurably fastest" in one_host.verdict(e)
