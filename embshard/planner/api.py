@@ -90,8 +90,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
     check_memory(problem)
     clock.reserve_report(clock.lap("enumerate"))
-    if clock.left_s() > 0:
-        solved = solve_bound(problem, max(BOUND_SHARE * clock.left_s(), 0.05))
+    bound_limit_s = clock.bound_limit_s(BOUND_SHARE)
+    if bound_limit_s > 0:
+        solved = solve_bound(problem, max(bound_limit_s, 0.05))
     else:
         solved = Bound(quick_bound_ms(problem), False)
     bound = solved.ms
@@ -140,7 +141,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     # the search gave each replicated table its own cheaper mode: one group moved into the other may cost less
-    regrouped, regrouped_ms = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements],
+    regrouped, regrouped_ms = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) if t.data_parallel_mode else t for t in placements],
                                                          inference, with_ms=True)
     if regrouped != placements:
         placements, method = regrouped, method + "+data_parallel_modes"

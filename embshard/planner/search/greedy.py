@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from operator import add
 
+import numpy as np
+
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
@@ -63,11 +65,17 @@ def _hosts(state: RankState, by_cost: list[int]) -> list[list[int]]:
     cached = state.hosts_of
     if cached is not None and cached[0] is by_cost:
         return cached[1]
-    L = state.problem.topo.local_world_size
-    hosts: dict[int, list[int]] = {}
-    for r in by_cost:
-        hosts.setdefault(r // L, []).append(r)
-    state.hosts_of = (by_cost, list(hosts.values()))
+    if not by_cost:
+        return []
+    ranks = np.asarray(by_cost)
+    host = ranks // state.problem.topo.local_world_size
+    grouped = np.argsort(host, kind="stable")  # by host, each host's ranks in by_cost's order
+    host = host[grouped]
+    starts = np.flatnonzero(np.r_[True, host[1:] != host[:-1]])
+    bounds = np.r_[starts, len(host)].tolist()
+    ranks = ranks[grouped].tolist()
+    # hosts in the order their cheapest rank comes in by_cost (that rank is the first of its group)
+    state.hosts_of = (by_cost, [ranks[bounds[i]:bounds[i + 1]] for i in np.argsort(grouped[starts]).tolist()])
     return state.hosts_of[1]
 
 

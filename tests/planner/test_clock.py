@@ -1,0 +1,44 @@
+"""The planner's clock: how the budget is split between the LP bound, the greedy pass and the report."""
+
+import pytest
+
+from embshard.planner.search import clock as clock_module
+from embshard.planner.search.clock import GREEDY_SHARE, REPORT_SHARE, RUSH_SHARE, Clock
+
+
+@pytest.fixture
+def now(monkeypatch):
+    """A settable perf_counter for the clock module."""
+    t = [100.0]
+    monkeypatch.setattr(clock_module.time, "perf_counter", lambda: t[0])
+    return t
+
+
+def test_bound_limit_leaves_a_whole_greedy_pass_its_time(now):
+    # 10 s budget, enumeration took 3 s (5,000 x 1,024 on a loaded machine): the report keeps 0.75 s back, a
+    # greedy pass is rushed 1.8 s before the search deadline (7.45 s after the start), so the LP may run until a
+    # whole greedy pass (1.8 s) still ends by then: 2.65 s, not half the time left (3.125 s)
+    c = Clock(10.0)
+    now[0] += 3.0
+    c.reserve_report(3.0)
+    assert c.search_deadline - c.start == pytest.approx(10.0 - REPORT_SHARE * 3.0)
+    assert c.greedy_deadline - c.start == pytest.approx(10.0 - REPORT_SHARE * 3.0 - RUSH_SHARE * 3.0)
+    assert c.bound_limit_s(0.5) == pytest.approx(10.0 - 3.0 - (REPORT_SHARE + RUSH_SHARE + GREEDY_SHARE) * 3.0)
+    assert c.bound_limit_s(0.5) == pytest.approx(2.65)
+    now[0] += 2.65  # the LP took all of it: a whole greedy pass still ends by the greedy deadline
+    assert c.greedy_deadline - now[0] == pytest.approx(GREEDY_SHARE * 3.0)
+
+
+def test_bound_limit_is_half_the_time_left_when_enumeration_was_quick(now):
+    c = Clock(10.0)
+    now[0] += 1.0
+    c.reserve_report(1.0)
+    assert c.bound_limit_s(0.5) == pytest.approx(0.5 * (10.0 - 1.0 - REPORT_SHARE * 1.0))
+
+
+def test_no_bound_when_a_greedy_pass_would_not_fit(now):
+    # enumeration took half the budget: the LP would rush the greedy pass, so it gets no time (the quick bound)
+    c = Clock(10.0)
+    now[0] += 5.0
+    c.reserve_report(5.0)
+    assert c.bound_limit_s(0.5) < 0
