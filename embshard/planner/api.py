@@ -41,6 +41,9 @@ from embshard.topology import Topology
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
 BOUND_SHARE = 0.5  # of the time left after enumeration, the most the LP bound may take
+# the LP bound is not started with less time than this share of the enumeration time: it takes 0.8 to 0.9 of it
+# (1,000 x 256 to 5,000 x 1,024), so it would run out of time, and the quick bound is reported either way
+BOUND_MIN_SHARE = 0.5
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
@@ -52,7 +55,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
     local search) and the report end within `time_budget_s` plus a margin (0.5 s + 10% of it:
-    `embshard.planner.search.clock`): stages that would not fit are skipped and named
+    `embshard.planner.search.clock`; the LP bound gets no more time than leaves a whole greedy pass
+    its own, and is not started with less than BOUND_MIN_SHARE of the enumeration time, when the
+    quick bound is reported): stages that would not fit are skipped and named
     in the plan's ``search`` block (``skipped``, with ``stages_s``), the search stops with its
     best plan so far, and a greedy pass still running at the deadline places the remaining
     tables with one-shard layouts only. Then, for problems small enough and plans more than 1% above the LP
@@ -91,9 +96,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     check_memory(problem)
     clock.reserve_report(clock.lap("enumerate"))
     bound_limit_s = clock.bound_limit_s(BOUND_SHARE)
-    if bound_limit_s > 0:
+    if bound_limit_s > 0 and bound_limit_s >= BOUND_MIN_SHARE * clock.enumerate_s:
         solved = solve_bound(problem, max(bound_limit_s, 0.05))
-    else:
+    else:  # it would run out of time: the search gets the time instead
         solved = Bound(quick_bound_ms(problem), False)
     bound = solved.ms
     if not solved.exact:

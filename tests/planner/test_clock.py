@@ -42,3 +42,23 @@ def test_no_bound_when_a_greedy_pass_would_not_fit(now):
     now[0] += 5.0
     c.reserve_report(5.0)
     assert c.bound_limit_s(0.5) < 0
+
+
+def test_a_plan_without_time_for_the_lp_reports_the_quick_bound(monkeypatch):
+    # as when enumeration took too much of the budget for the LP (5,000 x 1,024 on a loaded machine): the search
+    # runs, says it skipped the LP, and its bound is the quick one, within 10% of the LP's here (it was 22% of it)
+    from embshard.planner import api
+    from embshard.planner.search.bound import lower_bound_ms
+    from embshard.planner.search.problem import build_problem
+    from embshard.planner.types import Constraints
+    from embshard.topology import Topology
+    from embshard.workloads import generate_tables
+
+    specs = generate_tables(300, seed=0, sequence_fraction=0.1)
+    topo = Topology(world_size=128, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
+    lp = lower_bound_ms(build_problem(specs, topo, Constraints()))[0]
+    monkeypatch.setattr(api, "BOUND_MIN_SHARE", 1e9)
+    p = api.plan(specs, topo, time_budget_s=2)
+    assert "LP bound (out of time; the quick bound is reported)" in p.search["skipped"]
+    assert 0.9 * lp < p.lower_bound_ms <= lp
+    assert p.gap < 0.2

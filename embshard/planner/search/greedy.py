@@ -93,8 +93,8 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
 
     k = cv.num_shards
     out = [-1] * k
-    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room and (
-            not hm or max(map(host.__getitem__, ranks[:k])) + max(hm) <= host_room):  # the k cheapest have room for any shard
+    if max(map(mem.__getitem__, ranks[:k])) + cv.largest_mem <= room and (
+            not hm or max(map(host.__getitem__, ranks[:k])) + cv.largest_host_mem <= host_room):  # the k cheapest have room for any shard
         for i, r in zip(order, ranks):
             out[i] = r
         order = ()
@@ -123,7 +123,7 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
 def largest_shard_needs(problem: Problem) -> list[int]:
     """Per unit, the bytes one rank must have free for it at the least: its smallest largest shard
     (a replica needs that much on every rank, so it counts too)."""
-    return [min(max(cv.shard_mem, default=0) + cv.every_mem for cv in u.cands) for u in problem.units]
+    return [min(cv.largest_mem + cv.every_mem for cv in u.cands) for u in problem.units]
 
 
 def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,

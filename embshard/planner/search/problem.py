@@ -67,6 +67,16 @@ class CandVec:
         return tuple(sum(v[p] for v in self.shard_vec) for p in range(4))
 
     @cached_property
+    def largest_mem(self) -> int:
+        """The largest shard's HBM bytes (0 for a data-parallel candidate)."""
+        return max(self.shard_mem, default=0)
+
+    @cached_property
+    def largest_host_mem(self) -> int:
+        """The largest shard's host-memory bytes (0: every shard in HBM)."""
+        return max(self.shard_host_mem, default=0)
+
+    @cached_property
     def shard_array(self) -> np.ndarray:
         """shard_vec as a (shards, 4) array."""
         return np.asarray(self.shard_vec)
