@@ -60,7 +60,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     quick bound is reported): stages that would not fit are skipped and named
     in the plan's ``search`` block (``skipped``, with ``stages_s``), the search stops with its
     best plan so far, and a greedy pass still running at the deadline places the remaining
-    tables with one-shard layouts only. Then, for problems small enough and plans more than 1% above the LP
+    tables without host-bound layouts. Then, for problems small enough and plans more than 1% above the LP
     bound, an exact MILP runs for up to `ilp_time_s` more, which may improve the plan and
     tighten the bound (off by default: on the shipped workloads it costs seconds and has not
     beaten the heuristics). torchrec_compatible restricts layouts to those TorchRec's runtime
@@ -194,7 +194,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
     plain pass replicates the same tables), when the best is already within GOOD_ENOUGH_GAP of the bound, when its greedy
     pass would not fit the time left, or when the previous start's local search is still
     improving at the end of its share (it then goes on until the search deadline). Past the
-    deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
+    deadline a greedy pass finishes without host-bound layouts (named in the method). Returns the
     plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
@@ -236,7 +236,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
         clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:
-            rushed = f" ({state.rushed} units one-shard only, out of time)" if state.rushed else ""
+            rushed = f" ({state.rushed} units without host-bound layouts, out of time)" if state.rushed else ""
             best, best_obj, method = state, obj, f"{name}{rushed}+local_search({steps} steps)"
         if still_improving:
             break

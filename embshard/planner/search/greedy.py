@@ -134,8 +134,10 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     A replica must leave the emptiest rank room for the largest shard some unit still to place
     needs (`largest_shard_needs`): replicas shrink every rank, and a table too big to split
     (small tables are offered table-wise only) would fit nowhere.
-    Past `deadline` each remaining unit compares only its one-shard candidates (table-wise,
-    data-parallel; all when none fits), which are cheap to place; ``state.rushed`` counts those units.
+    Past `deadline` each remaining unit compares only its candidates that are not host-bound (all when none
+    fits): placing table_row_wise and table_column_wise layouts (every host tried) is most of a pass's time
+    (5,000 x 1,024: a pass 1.4-1.6 s of CPU, 0.9 without them, the plan 45.28 ms against 45.27; with
+    one-shard layouts only, as before, 1.2-1.3 s and 233 ms: big tables whole); ``state.rushed`` counts those units.
     requester_floor_ms (per all-to-all phase; empty: none): the pass prices every rank as if its requester side
     were at least this much, as it will be once every unit is placed (the bound's LP solution projects it,
     `Bound.requester_ms`). Without it the requester side starts near 0, so early on a shard's all-to-all holder
@@ -173,9 +175,9 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         by_cost = state.cheapest_first(unit.ranks, costs)
         rushed = time.perf_counter() > deadline
         best = None
-        for only_one_shard in ((True, False) if rushed else (False,)):
+        for no_host_bound in ((True, False) if rushed else (False,)):
             for ci, cv in enumerate(unit.cands):
-                if only_one_shard and cv.num_shards > 1:
+                if no_host_bound and cv.host_bound:
                     continue
                 pick = place(state, unit, cv, by_cost, costs)
                 # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a

@@ -305,7 +305,7 @@ class RankState:
         self.every_groups: dict[int, int] = {}  # data-parallel units per mode group; E holds each present group's cost
         self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
         self.last_order: tuple[list[int], np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # cheapest_first's last list, as an array
-        self.rushed = 0  # units greedy placed past its deadline (one-shard candidates only)
+        self.rushed = 0  # units greedy placed past its deadline (no host-bound candidates)
 
     def copy(self) -> "RankState":
         """An independent copy sharing the (immutable) problem."""
