@@ -28,10 +28,13 @@ class Unplaceable(Exception):
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False,
+          ceiling: float = float("inf")) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
-    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
+    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time. after: ranks are
+    ordered by their time with the largest shard added; then also None when that time is above `ceiling`
+    on every rank (the slowest rank with the candidate would be above it: local search rejects such a layout).
     """
     if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
         return None
@@ -40,6 +43,8 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     order = cv.largest_first
     if after and by_cost:
         costs = state.costs_after(cv.shard_vec[order[0]])
+        if costs.min() > ceiling * (1 + 1e-9):  # (rounding apart: costs_after sums in another order)
+            return None
         by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]], costs)
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
