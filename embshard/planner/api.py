@@ -41,6 +41,9 @@ from embshard.topology import Topology
 
 GOOD_ENOUGH_GAP = 0.02  # a plan this close to the lower bound ends the search early
 BOUND_SHARE = 0.5  # of the time left after enumeration, the most the LP bound may take
+# the LP bound is not started with less time than this share of the enumeration time: it takes 0.8 to 0.9 of it
+# (1,000 x 256 to 5,000 x 1,024), so it would run out of time, and the quick bound is reported either way
+BOUND_MIN_SHARE = 0.5
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
@@ -52,10 +55,12 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
 
     Enumeration, the bound, greedy starts and a target-packing bisection (each polished by
     local search) and the report end within `time_budget_s` plus a margin (0.5 s + 10% of it:
-    `embshard.planner.search.clock`): stages that would not fit are skipped and named
+    `embshard.planner.search.clock`; the LP bound gets no more time than leaves a whole greedy pass
+    its own, and is not started with less than BOUND_MIN_SHARE of the enumeration time, when the
+    quick bound is reported): stages that would not fit are skipped and named
     in the plan's ``search`` block (``skipped``, with ``stages_s``), the search stops with its
     best plan so far, and a greedy pass still running at the deadline places the remaining
-    tables with one-shard layouts only. Then, for problems small enough and plans more than 1% above the LP
+    tables without host-bound layouts. Then, for problems small enough and plans more than 1% above the LP
     bound, an exact MILP runs for up to `ilp_time_s` more, which may improve the plan and
     tighten the bound (off by default: on the shipped workloads it costs seconds and has not
     beaten the heuristics). torchrec_compatible restricts layouts to those TorchRec's runtime
@@ -90,9 +95,10 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
     check_memory(problem)
     clock.reserve_report(clock.lap("enumerate"))
-    if clock.left_s() > 0:
-        solved = solve_bound(problem, max(BOUND_SHARE * clock.left_s(), 0.05))
-    else:
+    bound_limit_s = clock.bound_limit_s(BOUND_SHARE)
+    if bound_limit_s > 0 and bound_limit_s >= BOUND_MIN_SHARE * clock.enumerate_s:
+        solved = solve_bound(problem, max(bound_limit_s, 0.05))
+    else:  # it would run out of time: the search gets the time instead
         solved = Bound(quick_bound_ms(problem), False)
     bound = solved.ms
     if not solved.exact:
@@ -140,7 +146,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     placements = placements_of(problem, state)
     scored_ms = max(state.costs())
     # the search gave each replicated table its own cheaper mode: one group moved into the other may cost less
-    regrouped, regrouped_ms = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) for t in placements],
+    regrouped, regrouped_ms = choose_data_parallel_modes(specs, topology, [replace(t, data_parallel_mode=None) if t.data_parallel_mode else t for t in placements],
                                                          inference, with_ms=True)
     if regrouped != placements:
         placements, method = regrouped, method + "+data_parallel_modes"
@@ -188,7 +194,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
     plain pass replicates the same tables), when the best is already within GOOD_ENOUGH_GAP of the bound, when its greedy
     pass would not fit the time left, or when the previous start's local search is still
     improving at the end of its share (it then goes on until the search deadline). Past the
-    deadline a greedy pass finishes with one-shard layouts (named in the method). Returns the
+    deadline a greedy pass finishes without host-bound layouts (named in the method). Returns the
     plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
@@ -230,7 +236,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
         clock.lap("local_search")
         obj = max(state.costs())
         if obj < best_obj:
-            rushed = f" ({state.rushed} units one-shard only, out of time)" if state.rushed else ""
+            rushed = f" ({state.rushed} units without host-bound layouts, out of time)" if state.rushed else ""
             best, best_obj, method = state, obj, f"{name}{rushed}+local_search({steps} steps)"
         if still_improving:
             break

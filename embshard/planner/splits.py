@@ -7,6 +7,7 @@ every shard but the last holds `block` rows. Column splits keep widths multiples
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import repeat
 
 COL_ALIGN = 4
@@ -23,6 +24,13 @@ def row_splits(num_rows: int, num_shards: int) -> list[tuple[int, int]] | None:
 
 def col_splits(dim: int, num_shards: int) -> list[tuple[int, int]] | None:
     """(col_offset, num_cols) per shard with widths multiples of 4, or None if impossible."""
+    spans = _col_spans(dim, num_shards)
+    return None if spans is None else list(spans)
+
+
+@lru_cache(maxsize=4096)
+def _col_spans(dim: int, num_shards: int) -> tuple[tuple[int, int], ...] | None:
+    """col_splits as a tuple, computed once per (dim, shards): enumeration asks for the same few thousands of times."""
     if dim % COL_ALIGN or dim // COL_ALIGN < num_shards:
         return None
     units, extra = divmod(dim // COL_ALIGN, num_shards)
@@ -31,4 +39,4 @@ def col_splits(dim: int, num_shards: int) -> list[tuple[int, int]] | None:
         width = (units + (i < extra)) * COL_ALIGN
         spans.append((pos, width))
         pos += width
-    return spans
+    return tuple(spans)

@@ -98,3 +98,17 @@ def test_largest_shard_rows_cover_small_tables_the_lp_replicates_in_part(monkeyp
     value = lower_bound_ms(problem)[0]
     monkeypatch.setattr(bound, "PHASE_ROW_UNITS", 10**6)
     assert value == pytest.approx(lower_bound_ms(problem)[0], rel=1e-6) and value > 2.27
+
+
+def test_quick_bound_counts_the_average_ranks_holder_work():
+    # the bound reported when the LP runs out of time: with each term's minimum apart, a replica's zero requester and
+    # holder sides left it near the compute alone (here 0.49 ms, the LP 2.27; 7.51 on 5,000 x 1,024, the LP 30.21);
+    # every unit's least holder work / W + every-rank time is a row the LP implies (max(H_p, U_p) >= H_p): 2.20 here
+    specs = generate_tables(300, seed=0, sequence_fraction=0.1)
+    problem = build_problem(specs, Topology(world_size=128, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda"),
+                            Constraints())
+    W = 128
+    work = sum(min(sum(cv.holder_sums) / W + cv.every_ms for cv in u.cands) for u in problem.units)
+    lp = lower_bound_ms(problem)[0]
+    assert quick_bound_ms(problem) >= (problem.base_ms + work) * (1 - 1e-9)
+    assert 0.9 * lp < quick_bound_ms(problem) <= lp * (1 + 1e-9)

@@ -392,3 +392,20 @@ def test_greedy_priced_at_the_projected_requester_side_starts_lower():
         state, _ = local_search(start, float("inf"))
         gaps.append(max(state.costs()) / solved.ms - 1)
     assert gaps[1] < 0.10 and gaps[1] < gaps[0] - 0.05
+
+
+def test_place_after_rejects_a_layout_above_the_ceiling_before_placing_it():
+    # local search re-shards only to layouts whose slowest rank stays under a ceiling: place(after=True) says None
+    # as soon as the largest shard lifts every rank above it (the greedy pass never passes a ceiling)
+    specs = [TableSpec("big", 100_000, 64, pooling_factor=50.0)] + [TableSpec(f"s{i}", 1000, 32, pooling_factor=5.0) for i in range(8)]
+    problem = build_problem(specs, Topology(world_size=4, local_world_size=2, hbm_gib=16, batch_size_per_rank=128), _tw_only(specs))
+    state = RankState(problem)
+    for ui in range(1, len(problem.units)):
+        state.add(ui, 0, (ui % 4,))
+    unit, cv = problem.units[0], problem.units[0].cands[0]
+    costs = state.costs()
+    by_cost = state.cheapest_first(unit.ranks, costs)
+    pick = place(state, unit, cv, by_cost, costs, after=True)
+    new_max = float(state.cost_array_with(0, 0, pick).max())
+    assert place(state, unit, cv, by_cost, costs, after=True, ceiling=new_max) == pick
+    assert place(state, unit, cv, by_cost, costs, after=True, ceiling=0.99 * min(state.costs_after(cv.shard_vec[0]))) is None

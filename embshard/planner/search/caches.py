@@ -75,7 +75,7 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
         by_cost = state.cheapest_first(unit.ranks, base)
         best = None  # (tier, -total ms, candidate, ranks)
         for cj in better:
-            pick = place(state, unit, unit.cands[cj], by_cost, base, after=True)
+            pick = place(state, unit, unit.cands[cj], by_cost, base, after=True, ceiling=ceiling)
             if pick is None:
                 continue
             new_costs = state.cost_array_with(ui, cj, pick)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from operator import add
 
+import numpy as np
+
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
@@ -26,10 +28,13 @@ class Unplaceable(Exception):
         self.unit_index = unit_index
 
 
-def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False) -> tuple[int, ...] | None:
+def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False,
+          ceiling: float = float("inf")) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
-    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
+    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time. after: ranks are
+    ordered by their time with the largest shard added; then also None when that time is above `ceiling`
+    on every rank (the slowest rank with the candidate would be above it: local search rejects such a layout).
     """
     if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
         return None
@@ -38,6 +43,8 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     order = cv.largest_first
     if after and by_cost:
         costs = state.costs_after(cv.shard_vec[order[0]])
+        if costs.min() > ceiling * (1 + 1e-9):  # (rounding apart: costs_after sums in another order)
+            return None
         by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]], costs)
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
@@ -63,11 +70,17 @@ def _hosts(state: RankState, by_cost: list[int]) -> list[list[int]]:
     cached = state.hosts_of
     if cached is not None and cached[0] is by_cost:
         return cached[1]
-    L = state.problem.topo.local_world_size
-    hosts: dict[int, list[int]] = {}
-    for r in by_cost:
-        hosts.setdefault(r // L, []).append(r)
-    state.hosts_of = (by_cost, list(hosts.values()))
+    if not by_cost:
+        return []
+    ranks = np.asarray(by_cost)
+    host = ranks // state.problem.topo.local_world_size
+    grouped = np.argsort(host, kind="stable")  # by host, each host's ranks in by_cost's order
+    host = host[grouped]
+    starts = np.flatnonzero(np.r_[True, host[1:] != host[:-1]])
+    bounds = np.r_[starts, len(host)].tolist()
+    ranks = ranks[grouped].tolist()
+    # hosts in the order their cheapest rank comes in by_cost (that rank is the first of its group)
+    state.hosts_of = (by_cost, [ranks[bounds[i]:bounds[i + 1]] for i in np.argsort(grouped[starts]).tolist()])
     return state.hosts_of[1]
 
 
@@ -85,8 +98,8 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
 
     k = cv.num_shards
     out = [-1] * k
-    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room and (
-            not hm or max(map(host.__getitem__, ranks[:k])) + max(hm) <= host_room):  # the k cheapest have room for any shard
+    if max(map(mem.__getitem__, ranks[:k])) + cv.largest_mem <= room and (
+            not hm or max(map(host.__getitem__, ranks[:k])) + cv.largest_host_mem <= host_room):  # the k cheapest have room for any shard
         for i, r in zip(order, ranks):
             out[i] = r
         order = ()
@@ -115,7 +128,7 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
 def largest_shard_needs(problem: Problem) -> list[int]:
     """Per unit, the bytes one rank must have free for it at the least: its smallest largest shard
     (a replica needs that much on every rank, so it counts too)."""
-    return [min(max(cv.shard_mem, default=0) + cv.every_mem for cv in u.cands) for u in problem.units]
+    return [min(cv.largest_mem + cv.every_mem for cv in u.cands) for u in problem.units]
 
 
 def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,
@@ -126,8 +139,10 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     A replica must leave the emptiest rank room for the largest shard some unit still to place
     needs (`largest_shard_needs`): replicas shrink every rank, and a table too big to split
     (small tables are offered table-wise only) would fit nowhere.
-    Past `deadline` each remaining unit compares only its one-shard candidates (table-wise,
-    data-parallel; all when none fits), which are cheap to place; ``state.rushed`` counts those units.
+    Past `deadline` each remaining unit compares only its candidates that are not host-bound (all when none
+    fits): placing table_row_wise and table_column_wise layouts (every host tried) is most of a pass's time
+    (5,000 x 1,024: a pass 1.4-1.6 s of CPU, 0.9 without them, the plan 45.28 ms against 45.27; with
+    one-shard layouts only, as before, 1.2-1.3 s and 233 ms: big tables whole); ``state.rushed`` counts those units.
     requester_floor_ms (per all-to-all phase; empty: none): the pass prices every rank as if its requester side
     were at least this much, as it will be once every unit is placed (the bound's LP solution projects it,
     `Bound.requester_ms`). Without it the requester side starts near 0, so early on a shard's all-to-all holder
@@ -165,9 +180,9 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         by_cost = state.cheapest_first(unit.ranks, costs)
         rushed = time.perf_counter() > deadline
         best = None
-        for only_one_shard in ((True, False) if rushed else (False,)):
+        for no_host_bound in ((True, False) if rushed else (False,)):
             for ci, cv in enumerate(unit.cands):
-                if only_one_shard and cv.num_shards > 1:
+                if no_host_bound and cv.host_bound:
                     continue
                 pick = place(state, unit, cv, by_cost, costs)
                 # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a

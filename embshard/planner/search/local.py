@@ -176,7 +176,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         for ci, cv in enumerate(units[ui].cands):
             if floors[ci] > ceiling + EPS:  # its maximum is above the ceiling on any ranks: not accepted
                 continue
-            pick = place(state, units[ui], cv, by_cost, base, after=True)
+            pick = place(state, units[ui], cv, by_cost, base, after=True, ceiling=ceiling)
             if pick is None:
                 continue
             new_costs = state.cost_array_with(ui, ci, pick)

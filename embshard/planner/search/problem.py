@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,16 @@ class CandVec:
     def holder_sums(self) -> tuple[float, float, float, float]:
         """The shard vectors summed over the candidate's shards."""
         return tuple(sum(v[p] for v in self.shard_vec) for p in range(4))
+
+    @cached_property
+    def largest_mem(self) -> int:
+        """The largest shard's HBM bytes (0 for a data-parallel candidate)."""
+        return max(self.shard_mem, default=0)
+
+    @cached_property
+    def largest_host_mem(self) -> int:
+        """The largest shard's host-memory bytes (0: every shard in HBM)."""
+        return max(self.shard_host_mem, default=0)
 
     @cached_property
     def shard_array(self) -> np.ndarray:
@@ -294,7 +304,8 @@ class RankState:
         self.every_kernels: dict[int, int] = {}
         self.every_groups: dict[int, int] = {}  # data-parallel units per mode group; E holds each present group's cost
         self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
-        self.rushed = 0  # units greedy placed past its deadline (one-shard candidates only)
+        self.last_order: tuple[list[int], np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # cheapest_first's last list, as an array
+        self.rushed = 0  # units greedy placed past its deadline (no host-bound candidates)
 
     def copy(self) -> "RankState":
         """An independent copy sharing the (immutable) problem."""
@@ -315,6 +326,7 @@ class RankState:
         new.every_kernels = dict(self.every_kernels)
         new.every_groups = dict(self.every_groups)
         new.hosts_of = None
+        new.last_order = ([], np.zeros(0, dtype=np.int64))
         new.rushed = self.rushed
         return new
 
@@ -389,16 +401,20 @@ class RankState:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
         return sum(self.problem.group_ms[g] for g in cv.every_groups if not self.every_groups.get(g))
 
-    def cheapest_first(self, ranks: Iterable[int], costs: list[float]) -> list[int]:
+    def cheapest_first(self, ranks: Sequence[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
         by the work they hold, so hidden holder load stays balanced too (a stable sort)."""
         h = self.Hn
         work = h[:, 0] + h[:, 1] + h[:, 2] + h[:, 3]
         c = np.asarray(costs)
-        idx = np.asarray(ranks if isinstance(ranks, (list, tuple)) else list(ranks), dtype=np.int64)
-        if len(idx) != len(c):
-            work, c = work[idx], c[idx]
-        return idx[np.lexsort((work, c))].tolist()
+        if len(ranks) == len(c):  # every rank (ranks are sorted: a unit's, or range)
+            order = np.lexsort((work, c))
+        else:
+            idx = np.asarray(ranks if isinstance(ranks, (list, tuple)) else list(ranks), dtype=np.int64)
+            order = idx[np.lexsort((work[idx], c[idx]))]
+        out = order.tolist()
+        self.last_order = (out, order)
+        return out
 
     def costs_after(self, vec) -> np.ndarray:
         """Every rank's cost if a shard with vector vec came to it (kernel calls left out)."""
@@ -409,7 +425,7 @@ class RankState:
     def by_cost_after(self, ranks: list[int], vec, after: np.ndarray | None = None) -> list[int]:
         """ranks ordered by cost_after(vec) (a stable sort: ties keep their order); `after`: costs_after(vec)
         if the caller has it."""
-        idx = np.asarray(ranks, dtype=np.int64)
+        idx = self.last_order[1] if self.last_order[0] is ranks else np.asarray(ranks, dtype=np.int64)
         return idx[np.argsort((self.costs_after(vec) if after is None else after)[idx], kind="stable")].tolist()
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
