@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place, replication_prepass
+from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place_each, replication_prepass
 from embshard.planner.search.local import local_search
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 from embshard.planner.types import Location
@@ -74,11 +74,7 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
         base = state.costs()
         by_cost = state.cheapest_first(unit.ranks, base)
         best = None  # (tier, -total ms, candidate, ranks)
-        for cj in better:
-            pick = place(state, unit, unit.cands[cj], by_cost, base, after=True)
-            if pick is None:
-                continue
-            new_costs = state.cost_array_with(ui, cj, pick)
+        for cj, pick, new_costs in place_each(state, ui, better, by_cost, base):
             if new_costs.max() <= ceiling:
                 key = (_tier(unit.cands[cj]), -float(new_costs.sum()))
                 if best is None or key > best[0]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from operator import add
 
+import numpy as np
+
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 
 
@@ -29,16 +31,52 @@ class Unplaceable(Exception):
 def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: list[float], after: bool = False) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
-    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time.
+    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time; after: rank
+    them instead by their time with the candidate's largest shard added (`RankState.costs_after`).
     """
     if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
         return None
     if cv.data_parallel:
         return ()
-    order = cv.largest_first
     if after and by_cost:
-        costs = state.costs_after(cv.shard_vec[order[0]])
-        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]], costs)
+        costs = state.costs_after(cv.shard_vec[cv.largest_first[0]])
+        by_cost = state.by_cost_after(by_cost, cv.shard_vec[cv.largest_first[0]], costs)
+    return _place_ranked(state, cv, by_cost, costs)
+
+
+def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int],
+               costs: list[float]) -> list[tuple[int, tuple[int, ...], np.ndarray]]:
+    """For each candidate ci of unit ui (not placed) that fits: (ci, the ranks `place(..., after=True)` gives
+    it, every rank's cost with it there: `RankState.cost_array_with`), the same values as one call each
+    (the orderings and the cost arrays are computed for all candidates at once)."""
+    unit = state.problem.units[ui]
+    cvs = [unit.cands[ci] for ci in cis]
+    fits = [not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes) for cv in cvs]
+    sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
+    ranked: dict[int, tuple[list[int], np.ndarray]] = {}
+    if sharded and by_cost:
+        after = state.costs_after(np.array([cvs[j].shard_vec[cvs[j].largest_first[0]] for j in sharded]))
+        idx = np.asarray(by_cost, dtype=np.int64)
+        orders = idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist()
+        ranked = {j: (order, row) for j, order, row in zip(sharded, orders, after)}
+    picks = []
+    for j, cv in enumerate(cvs):
+        if not fits[j]:
+            continue
+        if cv.data_parallel:
+            picks.append((cis[j], ()))
+            continue
+        order, after_costs = ranked.get(j, (by_cost, costs))
+        pick = _place_ranked(state, cv, order, after_costs)
+        if pick is not None:
+            picks.append((cis[j], pick))
+    arrays = state.cost_arrays_with(ui, picks)
+    return [(ci, pick, arr) for (ci, pick), arr in zip(picks, arrays)]
+
+
+def _place_ranked(state: RankState, cv: CandVec, by_cost: list[int], costs) -> tuple[int, ...] | None:
+    """place's ranks for a sharded candidate from by_cost (cheapest first by `costs`)."""
+    order = cv.largest_first
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete

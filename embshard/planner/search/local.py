@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from embshard.planner.search.greedy import place
+from embshard.planner.search.greedy import place_each
 from embshard.planner.search.problem import RankState
 
 EPS = 1e-9
@@ -50,31 +50,80 @@ def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
 
 
 def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
-    cmax = costs[r]
-    units = state.problem.units
-    best = None  # (value, unit, shard, destination)
-    for ui, si in state.held[r].items():
+    """Move the shard of r that gives the lowest max(r's time, its destination's time), if below r's time: of
+    each shard, the first NEAREST_RANKS allowed destinations below it by their time with the shard (ties in
+    `by_cost` order) are tried; ties between moves go to the first shard held, then the first destination tried.
+    The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`)."""
+    cmax, units, W = costs[r], state.problem.units, len(costs)
+    held, cvs, kernels, new_r = [], [], [], []
+    for ui, si in state.held[r].items():  # the shards whose leaving takes r below cmax
         cv = units[ui].cands[state.choice[ui][0]]
-        v, m = cv.shard_vec[si], cv.shard_mem[si]
-        kernels = cv.shard_kernels[si] if cv.shard_kernels else ()
-        new_r = state.cost_with(r, v, -1, kernels)
-        if new_r >= cmax - EPS:
-            continue
-        tried = 0
-        for q in state.by_cost_after(by_cost, v):
-            if tried >= NEAREST_RANKS:
-                break
-            if q == r or costs[q] >= cmax - EPS or not _allowed(state, ui, si, r, q):
-                continue
-            tried += 1
-            if state.fits(q, m, cv.host_mem(si)):
-                val = max(new_r, state.cost_with(q, v, 1, kernels))
-                if val < cmax - EPS and (best is None or val < best[0]):
-                    best = (val, ui, si, q)
-    if best is None:
+        k = cv.shard_kernels[si] if cv.shard_kernels else ()
+        c = state.cost_with(r, cv.shard_vec[si], -1, k)
+        if c < cmax - EPS:
+            held.append((ui, si))
+            cvs.append(cv)
+            kernels.append(k)
+            new_r.append(c)
+    if not held:
         return False
-    state.move_shard(best[1], best[2], r, best[3])
+    V = np.array([cv.shard_vec[si] for cv, (_, si) in zip(cvs, held)])  # (shards, 4)
+    u, Hn = state.U, state.Hn
+    to = (np.maximum(Hn[None, :, 0] + V[:, None, 0], u[0]) + np.maximum(Hn[None, :, 1] + V[:, None, 1], u[1])
+          + np.maximum(Hn[None, :, 2] + V[:, None, 2], u[2]) + Hn[None, :, 3] + V[:, None, 3] + state.E)
+    if state.call_ms:
+        to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
+            [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
+    val = np.maximum(np.array(new_r)[:, None], to)
+    ok = _move_destinations(state, r, held, cvs) & (np.asarray(costs) < cmax - EPS)
+    position = None
+    if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
+        after, position = state.costs_after(V), np.empty(W, dtype=np.int64)
+        position[by_cost] = np.arange(W)
+        order = np.lexsort((np.broadcast_to(position, after.shape), after), axis=1)
+        rows = np.arange(len(held))[:, None]
+        tried = np.zeros_like(ok)
+        tried[rows, order] = np.cumsum(ok[rows, order], axis=1) <= NEAREST_RANKS
+        ok &= tried
+    ok &= val < cmax - EPS
+    M = np.array([cv.shard_mem[si] for cv, (_, si) in zip(cvs, held)])
+    ok &= np.asarray(state.mem) + M[:, None] + state.UM <= state.problem.cap_bytes
+    HM = np.array([cv.host_mem(si) for cv, (_, si) in zip(cvs, held)])
+    if HM.any():
+        ok &= (HM[:, None] == 0) | (np.asarray(state.host) + HM[:, None] <= state.problem.host_cap_bytes)
+    if not ok.any():
+        return False
+    val = np.where(ok, val, np.inf)
+    low = val.min()
+    i = int(np.flatnonzero((val == low).any(axis=1))[0])
+    tied = np.flatnonzero(val[i] == low).tolist()
+    q = tied[0]
+    if len(tied) > 1:  # the first tried: by time with the shard, then in by_cost order
+        after = state.costs_after(V[i])
+        if position is None:
+            position = np.empty(W, dtype=np.int64)
+            position[by_cost] = np.arange(W)
+        q = min(tied, key=lambda q: (after[q], position[q]))
+    state.move_shard(held[i][0], held[i][1], r, q)
     return True
+
+
+def _move_destinations(state: RankState, r: int, held: list[tuple[int, int]], cvs: list) -> np.ndarray:
+    """(shards of r, ranks): may the shard live there instead (`_allowed`)."""
+    W, topo = len(state.H), state.problem.topo
+    out = np.ones((len(held), W), dtype=bool)
+    rows, cols = [], []
+    for i, ((ui, _), cv) in enumerate(zip(held, cvs)):
+        ranks = state.choice[ui][1]  # a unit has one shard per rank
+        rows += [i] * len(ranks)
+        cols += ranks
+        unit = state.problem.units[ui]
+        if len(unit.ranks) != W:
+            out[i] &= np.isin(np.arange(W), unit.ranks)
+        if cv.host_bound:
+            out[i] &= np.arange(W) // topo.local_world_size == topo.host_of(r)
+    out[rows, cols] = False
+    return out
 
 
 def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
@@ -134,7 +183,12 @@ def _cost_delta(state: RankState, r: int, out_vec, in_vec, out_kernels: tuple[in
 def _potential(costs: np.ndarray, scale: float) -> float:
     """A smooth maximum (32-norm of times relative to `scale`): it falls when several of the
     slowest ranks drop even if a re-shard adds a little to every rank (replication does)."""
-    return float(np.sum((costs / scale) ** 32))
+    return float(_potentials(costs, scale))
+
+
+def _potentials(costs: np.ndarray, scale: float) -> np.ndarray:
+    """_potential of each row of `costs` (of its last axis)."""
+    return np.sum((costs / scale) ** 32, axis=-1)
 
 
 def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
@@ -172,17 +226,14 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui].cands)
+        # (a maximum above the ceiling on any ranks is not accepted)
+        placed = place_each(state, ui, [ci for ci, f in enumerate(floors) if f <= ceiling + EPS], by_cost, base)
         best = None
-        for ci, cv in enumerate(units[ui].cands):
-            if floors[ci] > ceiling + EPS:  # its maximum is above the ceiling on any ranks: not accepted
-                continue
-            pick = place(state, units[ui], cv, by_cost, base, after=True)
-            if pick is None:
-                continue
-            new_costs = state.cost_array_with(ui, ci, pick)
-            after, new_max = _potential(new_costs, cmax), float(new_costs.max())
-            if (after < before * (1 - 1e-9) and new_max <= ceiling or new_max < cmax - EPS) and (best is None or after < best[0]):
-                best = (after, ci, pick)
+        if placed:
+            new_costs = np.array([arr for _, _, arr in placed])
+            for (ci, pick, _), after, new_max in zip(placed, _potentials(new_costs, cmax).tolist(), new_costs.max(axis=1).tolist()):
+                if (after < before * (1 - 1e-9) and new_max <= ceiling or new_max < cmax - EPS) and (best is None or after < best[0]):
+                    best = (after, ci, pick)
         if best is not None:
             state.add(ui, best[1], best[2])
             return True
@@ -207,14 +258,10 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui].cands)
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
-        for ci, cv in enumerate(units[ui].cands):
-            if floors[ci] >= cmax:  # moves and swaps cannot bring every rank below cmax
-                continue
-            pick = place(state, units[ui], cv, by_cost, base, after=True)
-            if pick is not None:
-                new_costs = state.cost_array_with(ui, ci, pick)
-                if new_costs[r] < cmax - EPS:
-                    layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
+        # (below a floor of cmax, moves and swaps cannot bring every rank below cmax)
+        for ci, pick, new_costs in place_each(state, ui, [ci for ci, f in enumerate(floors) if f < cmax], by_cost, base):
+            if new_costs[r] < cmax - EPS:
+                layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
         state.add(ui, old[0], old[1])
         for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
             if time.perf_counter() > deadline:

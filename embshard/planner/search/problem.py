@@ -360,18 +360,28 @@ class RankState:
 
     def cost_array_with(self, ui: int, ci: int, ranks: tuple[int, ...]) -> np.ndarray:
         """cost_array() with unit ui (not placed) as candidate ci on `ranks`; the state is left as it was."""
-        cv = self.problem.units[ui].cands[ci]
-        if self.call_ms:  # kernel counts change too: place it and take it back
-            self.add(ui, ci, ranks)
-            c = self.cost_array()
-            self.add(ui, ci, ranks, -1)
-            return c
-        h, u = self.Hn, [a + b for a, b in zip(self.U, cv.req_vec)]
-        if ranks:
-            h = h.copy()
-            h[list(ranks)] += cv.shard_array
-        return (np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3]
-                + (self.E + cv.every_ms + self._new_groups_ms(cv)))
+        return self.cost_arrays_with(ui, [(ci, ranks)])[0]
+
+    def cost_arrays_with(self, ui: int, picks: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
+        """cost_array_with(ui, ci, ranks) for each (ci, ranks) of `picks`, one row each (computed at once)."""
+        cands = self.problem.units[ui].cands
+        if self.call_ms:  # kernel counts change too: place each and take it back
+            rows = []
+            for ci, ranks in picks:
+                self.add(ui, ci, ranks)
+                rows.append(self.cost_array())
+                self.add(ui, ci, ranks, -1)
+            return np.array(rows).reshape(len(picks), len(self.H))
+        cvs = [cands[ci] for ci, _ in picks]
+        h = np.repeat(self.Hn[None], len(picks), axis=0)
+        placed = [(j, ranks) for j, (_, ranks) in enumerate(picks) if ranks]
+        if placed:
+            h[[j for j, ranks in placed for _ in ranks], [r for _, ranks in placed for r in ranks]] += np.concatenate(
+                [cvs[j].shard_array for j, _ in placed])
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(picks), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
+        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
+                + h[:, :, 3] + tail[:, None])
 
     def floors_ms(self, cands: Iterable[CandVec]) -> list[float]:
         """Per candidate, a lower bound on the slowest rank's time with it added on any ranks: the mean
@@ -401,10 +411,13 @@ class RankState:
         return idx[np.lexsort((work, c))].tolist()
 
     def costs_after(self, vec) -> np.ndarray:
-        """Every rank's cost if a shard with vector vec came to it (kernel calls left out)."""
-        h, u = self.Hn, self.U
-        return (np.maximum(h[:, 0] + vec[0], u[0]) + np.maximum(h[:, 1] + vec[1], u[1]) + np.maximum(h[:, 2] + vec[2], u[2])
-                + h[:, 3] + (vec[3] + self.E))
+        """Every rank's cost if a shard with vector vec came to it (kernel calls left out); vec (n, 4): one
+        row of costs per vector, (n, W)."""
+        h, u, v = self.Hn, self.U, np.asarray(vec, dtype=float)
+        if v.ndim == 2:
+            h, v = h[None], v[:, None, :]
+        return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
+                + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
 
     def by_cost_after(self, ranks: list[int], vec, after: np.ndarray | None = None) -> list[int]:
         """ranks ordered by cost_after(vec) (a stable sort: ties keep their order); `after`: costs_after(vec)
