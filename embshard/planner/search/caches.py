@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Callable
 
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place_each, replication_prepass
 from embshard.planner.search.local import local_search
@@ -87,12 +88,13 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
     return moved, True
 
 
-def tiers_first(problem: Problem, deadline: float) -> tuple[RankState, int] | None:
+def tiers_first(problem: Problem, deadline: float, polish: Callable = local_search) -> tuple[RankState, int] | None:
     """A start from the other side: a greedy pass with the tables that may leave HBM offered their cached
     and host layouts only, then every layout again (`grow_caches`, local search on the whole problem,
     `grow_caches`). With true hit-rate curves the plain greedy start puts the big tables in HBM first and
     polishes into a local minimum (criteo_tb_measured on 8 x 8 GiB: 0.675 ms; this start 0.641, in about
-    the same time). Returns the state and its local search steps, or None if a table fits nowhere."""
+    the same time). polish: the local search (`local.Polisher` in plan()). Returns the state and its local search
+    steps, or None if a table fits nowhere."""
     def out_of_hbm(unit: Unit) -> Unit:
         tiered = tuple(cv for cv in unit.cands if cv.cand[0].location is not Location.HBM)
         return replace(unit, cands=tiered) if tiered else unit
@@ -106,6 +108,6 @@ def tiers_first(problem: Problem, deadline: float) -> tuple[RankState, int] | No
     for ui, (ci, ranks) in enumerate(state.choice):
         whole.add(ui, problem.units[ui].cands.index(narrow.units[ui].cands[ci]), ranks)
     grow_caches(whole, deadline)
-    whole, steps = local_search(whole, deadline)
+    whole, steps = polish(whole, deadline)
     grow_caches(whole, deadline)
     return whole, steps

@@ -383,6 +383,17 @@ class RankState:
         return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
                 + h[:, :, 3] + tail[:, None])
 
+    def costs_without_shards(self, cands: list[CandVec]) -> np.ndarray:
+        """Per candidate (of a unit not placed), every rank's cost with its requester side and every-rank part
+        but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
+        rank (the same float operations on terms no larger), so a candidate this rules out needs no placing."""
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cands]).reshape(len(cands), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cands])
+        h = self.Hn
+        c = (np.maximum(h[None, :, 0], u[:, 0:1]) + np.maximum(h[None, :, 1], u[:, 1:2]) + np.maximum(h[None, :, 2], u[:, 2:3])
+             + h[None, :, 3] + tail[:, None])
+        return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
+
     def floors_ms(self, cands: Iterable[CandVec]) -> list[float]:
         """Per candidate, a lower bound on the slowest rank's time with it added on any ranks: the mean
         over ranks, at least sum_p max(sum_r H_rp, W U_p) / W + sum_r H_r3 / W + E (kernel calls and new
