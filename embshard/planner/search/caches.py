@@ -95,18 +95,18 @@ def tiers_first(problem: Problem, deadline: float, polish: Callable = local_sear
     polishes into a local minimum (criteo_tb_measured on 8 x 8 GiB: 0.675 ms; this start 0.641, in about
     the same time). polish: the local search (`local.Polisher` in plan()). Returns the state and its local search
     steps, or None if a table fits nowhere."""
-    def out_of_hbm(unit: Unit) -> Unit:
-        tiered = tuple(cv for cv in unit.cands if cv.cand[0].location is not Location.HBM)
-        return replace(unit, cands=tiered) if tiered else unit
+    def out_of_hbm(unit: Unit) -> list[int]:  # the unit's candidates the pass is offered
+        return [ci for ci, cv in enumerate(unit.cands) if cv.cand[0].location is not Location.HBM] or list(range(len(unit.cands)))
 
-    narrow = replace(problem, units=tuple(out_of_hbm(u) for u in problem.units))
+    offered = [out_of_hbm(u) for u in problem.units]
+    narrow = replace(problem, units=tuple(replace(u, cands=tuple(u.cands[ci] for ci in cis)) for u, cis in zip(problem.units, offered)))
     try:
         state = greedy_retrying(narrow, default_order(narrow), replication_prepass(narrow), deadline)
     except Unplaceable:
         return None
     whole = RankState(problem)
     for ui, (ci, ranks) in enumerate(state.choice):
-        whole.add(ui, problem.units[ui].cands.index(narrow.units[ui].cands[ci]), ranks)
+        whole.add(ui, offered[ui][ci], ranks)
     grow_caches(whole, deadline)
     whole, steps = polish(whole, deadline)
     grow_caches(whole, deadline)

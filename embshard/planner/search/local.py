@@ -295,15 +295,17 @@ def _repair(state: RankState, target: float, deadline: float) -> bool:
     return max(state.costs()) < target - EPS
 
 
-def local_search(state: RankState, deadline: float, max_steps: int = 100_000, kicks: bool = True) -> tuple[RankState, int]:
+def local_search(state: RankState, deadline: float, max_steps: int = 100_000, kicks: bool = True,
+                 kick_first: bool = False) -> tuple[RankState, int]:
     """Improve from `state` (modified) until no step helps, PATIENCE steps have not lowered
     the best maximum seen (re-shards may go round in circles), or the deadline.
 
     Moves and swaps never lift the maximum; a re-shard may, a little, so the best state is
     snapshotted before re-sharding from it; a kick (`_kick`, counted as a step) starts from the best
     state and returns a copy below its maximum, which the search goes on from (so the returned state
-    may be a new object). kicks=False: a descent, which ends where a kick would start. Returns the best
-    state seen and the steps taken.
+    may be a new object). kicks=False: a descent, which ends where a kick would start; kick_first: `state` is
+    where one ended (its moves, swaps and re-shards were tried), so the search starts with a kick. Returns the
+    best state seen and the steps taken.
     """
     steps, best_seen, stalled = 0, float("inf"), 0
     snapshot, snapshot_max = None, float("inf")
@@ -325,12 +327,13 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000, ki
         else:
             stalled += 1
         by_cost = state.cheapest_first(range(len(costs)), costs)
-        if _try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost):
+        if not kick_first and (_try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost)):
             steps += 1
             continue
         if costs[r] < snapshot_max - EPS:
             snapshot, snapshot_max = state.copy(), costs[r]
-        if not _try_reshard(state, r, costs) or _revisits(state, visited):
+        if kick_first or not _try_reshard(state, r, costs) or _revisits(state, visited):
+            kick_first = False
             kicked = _kick(state, deadline) if kicks else None
             if kicked is None:
                 break
@@ -358,7 +361,7 @@ class Polisher:
         if ms * self.gain >= self.best_ms:
             self.skipped += 1
             return descended, steps
-        kicked, more = local_search(descended, deadline)
+        kicked, more = local_search(descended, deadline, kick_first=True)
         self.gain = min(self.gain, max(kicked.costs()) / ms) if ms > 0 else self.gain
         self.best_ms = min(self.best_ms, max(kicked.costs()))
         return kicked, steps + more
