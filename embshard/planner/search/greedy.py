@@ -123,10 +123,14 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
 
     k = cv.num_shards
     out = [-1] * k
-    if max(map(mem.__getitem__, ranks[:k])) + max(cv.shard_mem) <= room and (
-            not hm or max(map(host.__getitem__, ranks[:k])) + max(hm) <= host_room):  # the k cheapest have room for any shard
-        for i, r in zip(order, ranks):
-            out[i] = r
+    largest, largest_host = cv.largest_mem
+    if max(map(mem.__getitem__, ranks[:k])) + largest <= room and (
+            not hm or max(map(host.__getitem__, ranks[:k])) + largest_host <= host_room):  # the k cheapest have room for any shard
+        if k == 1:
+            out[0] = ranks[0]
+        else:
+            for i, r in zip(order, ranks):
+                out[i] = r
         order = ()
     pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:

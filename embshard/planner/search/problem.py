@@ -72,6 +72,11 @@ class CandVec:
         return np.asarray(self.shard_vec)
 
     @cached_property
+    def largest_mem(self) -> tuple[int, int]:
+        """The largest shard's HBM and host-memory bytes (each the largest of its kind)."""
+        return max(self.shard_mem, default=0), max(self.shard_host_mem, default=0)
+
+    @cached_property
     def largest_first(self) -> list[int]:
         """Shard indexes, the costliest first (a stable sort)."""
         return sorted(range(len(self.shard_cost)), key=lambda i: -self.shard_cost[i])
