@@ -225,7 +225,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
-        floors = state.floors_ms(units[ui].cands)
+        floors = state.floors_ms(units[ui])
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
         if cis:  # nor is one whose ranks, before its shards come, are as high as the maximum and too high to smooth it
@@ -261,7 +261,7 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(units[ui].ranks, base)
-        floors = state.floors_ms(units[ui].cands)
+        floors = state.floors_ms(units[ui])
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
         # (below a floor of cmax, moves and swaps cannot bring every rank below cmax)
         cis = [ci for ci, f in enumerate(floors) if f < cmax]

@@ -151,6 +151,12 @@ class Unit:
         """ranks as a set (membership tests in the search)."""
         return frozenset(self.ranks)
 
+    @cached_property
+    def sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate, as arrays: its holder_sums (C, 4), req_vec (C, 3) and every_ms (C,)."""
+        return (np.array([cv.holder_sums for cv in self.cands]).reshape(-1, 4), np.array([cv.req_vec for cv in self.cands]).reshape(-1, 3),
+                np.array([cv.every_ms for cv in self.cands]))
+
     @property
     def name(self) -> str:
         return "+".join(t.name for t in self.tables)
@@ -399,17 +405,16 @@ class RankState:
              + h[None, :, 3] + tail[:, None])
         return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
 
-    def floors_ms(self, cands: Iterable[CandVec]) -> list[float]:
-        """Per candidate, a lower bound on the slowest rank's time with it added on any ranks: the mean
+    def floors_ms(self, unit: Unit) -> list[float]:
+        """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
         over ranks, at least sum_p max(sum_r H_rp, W U_p) / W + sum_r H_r3 / W + E (kernel calls and new
         mode groups left out). Moves and swaps keep these sums, so no moving of shards brings every rank
-        below it; a layout that lifts it above a target cannot be repaired to it."""
+        below it; a layout that lifts it above a target cannot be repaired to it. (All candidates at once.)"""
         W = len(self.H)
-        s = self.Hn.sum(axis=0).tolist()
-        u, e = self.U, self.E
-        return [(max(s[0] + h[0], W * (u[0] + q[0])) + max(s[1] + h[1], W * (u[1] + q[1])) + max(s[2] + h[2], W * (u[2] + q[2]))
-                 + s[3] + h[3]) / W + e + cv.every_ms
-                for cv in cands for h, q in ((cv.holder_sums, cv.req_vec),)]
+        s, u = self.Hn.sum(axis=0), self.U
+        h, q, every = unit.sums
+        return ((np.maximum(s[0] + h[:, 0], W * (u[0] + q[:, 0])) + np.maximum(s[1] + h[:, 1], W * (u[1] + q[:, 1]))
+                 + np.maximum(s[2] + h[:, 2], W * (u[2] + q[:, 2])) + s[3] + h[:, 3]) / W + self.E + every).tolist()
 
     def _new_groups_ms(self, cv: CandVec) -> float:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
