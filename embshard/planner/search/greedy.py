@@ -34,13 +34,12 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time; after: rank
     them instead by their time with the candidate's largest shard added (`RankState.costs_after`).
     """
-    if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
+    if not _replica_fits(state, cv):
         return None
     if cv.data_parallel:
         return ()
     if after and by_cost:
-        costs = state.costs_after(cv.shard_vec[cv.largest_first[0]])
-        by_cost = state.by_cost_after(by_cost, cv.shard_vec[cv.largest_first[0]], costs)
+        by_cost, costs = _ranked_after(state, [cv], by_cost)[0]
     return _place_ranked(state, cv, by_cost, costs)
 
 
@@ -51,14 +50,9 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int],
     (the orderings and the cost arrays are computed for all candidates at once)."""
     unit = state.problem.units[ui]
     cvs = [unit.cands[ci] for ci in cis]
-    fits = [not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes) for cv in cvs]
+    fits = [_replica_fits(state, cv) for cv in cvs]
     sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
-    ranked: dict[int, tuple[list[int], np.ndarray]] = {}
-    if sharded and by_cost:
-        after = state.costs_after(np.array([cvs[j].shard_vec[cvs[j].largest_first[0]] for j in sharded]))
-        idx = np.asarray(by_cost, dtype=np.int64)
-        orders = idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist()
-        ranked = {j: (order, row) for j, order, row in zip(sharded, orders, after)}
+    ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost))) if sharded and by_cost else {}
     picks = []
     for j, cv in enumerate(cvs):
         if not fits[j]:
@@ -72,6 +66,19 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int],
             picks.append((cis[j], pick))
     arrays = state.cost_arrays_with(ui, picks)
     return [(ci, pick, arr) for (ci, pick), arr in zip(picks, arrays)]
+
+
+def _replica_fits(state: RankState, cv: CandVec) -> bool:
+    """Every rank has room for the candidate's every-rank bytes (a replica; none: True)."""
+    return not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes)
+
+
+def _ranked_after(state: RankState, cvs: list[CandVec], by_cost: list[int]) -> list[tuple[list[int], np.ndarray]]:
+    """Per sharded candidate: by_cost ordered by every rank's time with its largest shard added (a stable sort:
+    ties keep their order), and those times (`RankState.costs_after`; all candidates at once)."""
+    after = state.costs_after(np.array([cv.shard_vec[cv.largest_first[0]] for cv in cvs]))
+    idx = np.asarray(by_cost, dtype=np.int64)
+    return list(zip(idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist(), after))
 
 
 def _place_ranked(state: RankState, cv: CandVec, by_cost: list[int], costs) -> tuple[int, ...] | None:

@@ -440,12 +440,6 @@ class RankState:
         return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
                 + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
 
-    def by_cost_after(self, ranks: list[int], vec, after: np.ndarray | None = None) -> list[int]:
-        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order); `after`: costs_after(vec)
-        if the caller has it."""
-        idx = np.asarray(ranks, dtype=np.int64)
-        return idx[np.argsort((self.costs_after(vec) if after is None else after)[idx], kind="stable")].tolist()
-
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
                 and (not extra_host_bytes or self.host[r] + extra_host_bytes <= self.problem.host_cap_bytes))
