@@ -212,6 +212,26 @@ TorchRec's at 175 to 199 ms on the slowest rank; the mean over ranks under Torch
 already above TorchRec's own plan's maximum (62 ms), so no re-placement of those tiers meets the target; it would
 need fewer bytes out of HBM than embshard's memory caps allow, or caches sized by TorchRec's uniform-ids price,
 which is not embshard's model. Which model is right about cached lookups needs the kernels on a GPU.
+I/O buffers: what the runtime allocates (h14e, `benchmarks/io_buffers.py`). Is embshard's memory model over-counting
+the buffers that keep the 2,000-table set's shards out of HBM? Measured on the runtime (2 gloo ranks on CPU, 6
+table-wise tables of 64 columns, batch 512 per rank, pooling factor 8; the peak of the tensors one training step
+allocates, torch's MemTracker, less weights and optimizer state): a rank that runs one pooled kernel peaks at 2.70 MiB,
+in the forward (the backward, with a dense layer on the embeddings, stays below): its kernel's output for the global
+batch (0.75 MiB, freed once sent), the received block and the assembled [B, sum of dims] output of every table for its
+own samples (0.75 MiB each), the received ids and lengths (0.19 MiB) and routing indexes; with two kernels (two
+optimizers) output dist concatenates their outputs, one copy more: 3.45 MiB. embshard's model counts 3.21 MiB (holder
+1.71: ids, lengths, the output and its gradient; requester 1.50: every table's output and gradient for the rank's
+samples), 1.19x the one-kernel peak and 0.93x the two-kernel one: an additive bound that is about right where a rank
+runs several kernels and one holder output over where it runs one (the holder's output and its gradient never
+coexist; where outputs are concatenated, the copy takes the gradient's place). TorchRec's estimator counts 0.94 MiB
+(each shard's input and output once, nothing for the rank's own samples): 0.27 to 0.35 of what the runtime allocates.
+On the 2,000-table set (every table rowwise_adagrad: one pooled kernel a rank) the one-kernel over-count is a holder
+output a rank, 0.31 GiB on average (32,768 samples x 160,020 columns x 4 bytes / 64 ranks), 19.5 GiB over the 64 ranks
+of the 172 GiB or more kept in host memory; the requester buffers TorchRec leaves out are 0.61 GiB on every rank
+(2 x 512 x 160,020 x 4 bytes), 39 GiB in all, and its plan fits its HBM only by leaving out buffers the runtime
+allocates. The model is kept as it is: counting the holder's output once would under-count ranks that run several
+kernels (tiered plans of mixed optimizers, sequence tables) unless output dist wrote the kernels' outputs into one
+buffer instead of concatenating them (a follow-up for the runtime and the model together).
 """
 
 

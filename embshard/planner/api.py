@@ -30,7 +30,7 @@ from embshard.planner.search.caches import grow_caches, tiers_first
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
-from embshard.planner.search.local import local_search, rank_order_rows
+from embshard.planner.search.local import Polisher, local_search, rank_order_rows
 from embshard.planner.search.pack import target_pack
 from embshard.planner.search.problem import Problem, RankState, build_problem
 from embshard.planner.splits import col_splits, row_splits
@@ -71,7 +71,9 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     ``topology.ddr_gib`` the search also chooses each table's location (hbm, uvm_cache with a cache
     size, host) under HBM and host-memory caps (embshard.planner.cost.tiers), from one more start
     that places the tables that may leave HBM out of it first (`tiers_first`), and then gives the HBM
-    it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). The
+    it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). Each
+    start's local search is a descent, then kicks where they may pay (`local.Polisher`; the plan's ``search`` counts
+    the ``starts_not_kicked``). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
@@ -105,10 +107,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         clock.skip("LP bound (out of time; the quick bound is reported)")
     clock.lap("bound")
     good_enough = bound * (1 + GOOD_ENOUGH_GAP)
-    state, method, greedy_s = _best_start(problem, clock, good_enough, solved.requester_ms)
+    polish = Polisher()
+    state, method, greedy_s = _best_start(problem, clock, good_enough, solved.requester_ms, polish)
     if problem.host_cap_bytes and max(state.costs()) > good_enough:  # tables may leave HBM: also start from there
         if clock.left_s() > 2 * greedy_s:
-            tiered = tiers_first(problem, clock.search_deadline)
+            tiered = tiers_first(problem, clock.search_deadline, polish)
             clock.lap("tiers_first")
             if tiered is not None and max(tiered[0].costs()) < max(state.costs()):
                 state, method = tiered[0], f"tiers-first greedy+local_search({tiered[1]} steps)"
@@ -123,7 +126,7 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         if packed is None:
             clock.skip("target packing (out of time before a round finished)")
     if packed is not None:
-        packed, steps = local_search(packed, clock.search_deadline)
+        packed, steps = polish(packed, clock.search_deadline)
         clock.lap("local_search")
         if max(packed.costs()) < max(state.costs()):
             state, method = packed, f"target packing({rounds} rounds)+local_search({steps} steps)"
@@ -151,7 +154,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     if regrouped != placements:
         placements, method = regrouped, method + "+data_parallel_modes"
         scored_ms = regrouped_ms if regrouped_ms is not None else max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
-    search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms}
+    search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms,
+              "starts_not_kicked": polish.skipped}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
@@ -185,7 +189,7 @@ def _reduces_in_host(specs: Sequence[TableSpec], placements: Sequence[TablePlace
 
 
 def _best_start(problem: Problem, clock: Clock, good_enough: float,
-                requester_floor_ms: tuple[float, ...] = ()) -> tuple[RankState, str, float]:
+                requester_floor_ms: tuple[float, ...] = (), polish: Polisher | None = None) -> tuple[RankState, str, float]:
     """Greedy + local search from up to three starts (replicate-first priced at the bound's projected
     requester side `requester_floor_ms`, replicate-first, and plain); keep the faster plan.
 
@@ -198,6 +202,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
     plan, the method and the first greedy pass's seconds.
     """
     order = default_order(problem)
+    polish = polish or Polisher()
     best, best_obj, method, failure, greedy_s = None, float("inf"), "", None, 0.0
     starts = [("greedy", None, ())]
     replicate = replication_prepass(problem)
@@ -227,7 +232,7 @@ def _best_start(problem: Problem, clock: Clock, good_enough: float,
         ls_deadline = now + (deadline - now) / (len(starts) - i)
         if clock.left_s() < 3 * greedy_s:  # no time for another pass and its polish: this start's search takes all of it
             ls_deadline = clock.search_deadline
-        state, steps = local_search(state, ls_deadline)
+        state, steps = polish(state, ls_deadline)
         still_improving = time.perf_counter() >= ls_deadline and i + 1 < len(starts)
         if still_improving:  # cut short while it improves: it keeps the time the next start would take
             state, more = local_search(state, clock.search_deadline)

@@ -40,7 +40,7 @@ def test_floors_bound_the_mean_rank_of_every_placement() -> None:
         old = state.remove(ui)
         base = state.costs()
         by_cost = state.cheapest_first(unit.ranks, base)
-        for ci, (cv, floor) in enumerate(zip(unit.cands, state.floors_ms(unit.cands))):
+        for ci, (cv, floor) in enumerate(zip(unit.cands, state.floors_ms(unit))):
             pick = place(state, unit, cv, by_cost, base, after=True)
             if pick is not None:
                 assert floor <= float(np.mean(state.cost_array_with(ui, ci, pick))) * (1 + 1e-12), (unit.name, cv.label)

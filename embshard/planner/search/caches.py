@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Callable
 
-from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place, replication_prepass
+from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place_each, replication_prepass
 from embshard.planner.search.local import local_search
 from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
 from embshard.planner.types import Location
@@ -74,11 +75,7 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
         base = state.costs()
         by_cost = state.cheapest_first(unit.ranks, base)
         best = None  # (tier, -total ms, candidate, ranks)
-        for cj in better:
-            pick = place(state, unit, unit.cands[cj], by_cost, base, after=True, ceiling=ceiling)
-            if pick is None:
-                continue
-            new_costs = state.cost_array_with(ui, cj, pick)
+        for cj, pick, new_costs in place_each(state, ui, better, by_cost, base, ceiling=ceiling):
             if new_costs.max() <= ceiling:
                 key = (_tier(unit.cands[cj]), -float(new_costs.sum()))
                 if best is None or key > best[0]:
@@ -91,25 +88,26 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
     return moved, True
 
 
-def tiers_first(problem: Problem, deadline: float) -> tuple[RankState, int] | None:
+def tiers_first(problem: Problem, deadline: float, polish: Callable = local_search) -> tuple[RankState, int] | None:
     """A start from the other side: a greedy pass with the tables that may leave HBM offered their cached
     and host layouts only, then every layout again (`grow_caches`, local search on the whole problem,
     `grow_caches`). With true hit-rate curves the plain greedy start puts the big tables in HBM first and
     polishes into a local minimum (criteo_tb_measured on 8 x 8 GiB: 0.675 ms; this start 0.641, in about
-    the same time). Returns the state and its local search steps, or None if a table fits nowhere."""
-    def out_of_hbm(unit: Unit) -> Unit:
-        tiered = tuple(cv for cv in unit.cands if cv.cand[0].location is not Location.HBM)
-        return replace(unit, cands=tiered) if tiered else unit
+    the same time). polish: the local search (`local.Polisher` in plan()). Returns the state and its local search
+    steps, or None if a table fits nowhere."""
+    def out_of_hbm(unit: Unit) -> list[int]:  # the unit's candidates the pass is offered
+        return [ci for ci, cv in enumerate(unit.cands) if cv.cand[0].location is not Location.HBM] or list(range(len(unit.cands)))
 
-    narrow = replace(problem, units=tuple(out_of_hbm(u) for u in problem.units))
+    offered = [out_of_hbm(u) for u in problem.units]
+    narrow = replace(problem, units=tuple(replace(u, cands=tuple(u.cands[ci] for ci in cis)) for u, cis in zip(problem.units, offered)))
     try:
         state = greedy_retrying(narrow, default_order(narrow), replication_prepass(narrow), deadline)
     except Unplaceable:
         return None
     whole = RankState(problem)
     for ui, (ci, ranks) in enumerate(state.choice):
-        whole.add(ui, problem.units[ui].cands.index(narrow.units[ui].cands[ci]), ranks)
+        whole.add(ui, offered[ui][ci], ranks)
     grow_caches(whole, deadline)
-    whole, steps = local_search(whole, deadline)
+    whole, steps = polish(whole, deadline)
     grow_caches(whole, deadline)
     return whole, steps

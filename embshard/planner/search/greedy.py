@@ -32,20 +32,71 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
           ceiling: float = float("inf")) -> tuple[int, ...] | None:
     """Ranks for the candidate's shards (in shard order), or None if memory or constraints forbid.
 
-    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time. after: ranks are
-    ordered by their time with the largest shard added; then also None when that time is above `ceiling`
-    on every rank (the slowest rank with the candidate would be above it: local search rejects such a layout).
+    by_cost: the unit's allowed ranks, cheapest first; costs: every rank's current time; after: rank
+    them instead by their time with the candidate's largest shard added (`RankState.costs_after`); then
+    also None when that time is above `ceiling` on every rank (the slowest rank with the candidate would
+    be above it: local search rejects such a layout).
     """
-    if cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes:
+    if not _replica_fits(state, cv):
         return None
     if cv.data_parallel:
         return ()
-    order = cv.largest_first
     if after and by_cost:
-        costs = state.costs_after(cv.shard_vec[order[0]])
-        if costs.min() > ceiling * (1 + 1e-9):  # (rounding apart: costs_after sums in another order)
+        by_cost, costs = _ranked_after(state, [cv], by_cost)[0]
+        if _above(costs, ceiling):
             return None
-        by_cost = state.by_cost_after(by_cost, cv.shard_vec[order[0]], costs)
+    return _place_ranked(state, cv, by_cost, costs)
+
+
+def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], costs: list[float],
+               ceiling: float = float("inf")) -> list[tuple[int, tuple[int, ...], np.ndarray]]:
+    """For each candidate ci of unit ui (not placed) that fits: (ci, the ranks `place(..., after=True,
+    ceiling=ceiling)` gives it, every rank's cost with it there: `RankState.cost_array_with`), the same values
+    as one call each (the orderings and the cost arrays are computed for all candidates at once)."""
+    unit = state.problem.units[ui]
+    cvs = [unit.cands[ci] for ci in cis]
+    fits = [_replica_fits(state, cv) for cv in cvs]
+    sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
+    ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost))) if sharded and by_cost else {}
+    picks = []
+    for j, cv in enumerate(cvs):
+        if not fits[j]:
+            continue
+        if cv.data_parallel:
+            picks.append((cis[j], ()))
+            continue
+        order, after_costs = ranked.get(j, (by_cost, costs))
+        if j in ranked and _above(after_costs, ceiling):
+            continue
+        pick = _place_ranked(state, cv, order, after_costs)
+        if pick is not None:
+            picks.append((cis[j], pick))
+    arrays = state.cost_arrays_with(ui, picks)
+    return [(ci, pick, arr) for (ci, pick), arr in zip(picks, arrays)]
+
+
+def _replica_fits(state: RankState, cv: CandVec) -> bool:
+    """Every rank has room for the candidate's every-rank bytes (a replica; none: True)."""
+    return not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes)
+
+
+def _above(costs_after: np.ndarray, ceiling: float) -> bool:
+    """Every rank is above the ceiling with the candidate's largest shard (rounding apart: costs_after sums
+    in another order than the cost functions)."""
+    return costs_after.min() > ceiling * (1 + 1e-9)
+
+
+def _ranked_after(state: RankState, cvs: list[CandVec], by_cost: list[int]) -> list[tuple[list[int], np.ndarray]]:
+    """Per sharded candidate: by_cost ordered by every rank's time with its largest shard added (a stable sort:
+    ties keep their order), and those times (`RankState.costs_after`; all candidates at once)."""
+    after = state.costs_after(np.array([cv.shard_vec[cv.largest_first[0]] for cv in cvs]))
+    idx = np.asarray(by_cost, dtype=np.int64)
+    return list(zip(idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist(), after))
+
+
+def _place_ranked(state: RankState, cv: CandVec, by_cost: list[int], costs) -> tuple[int, ...] | None:
+    """place's ranks for a sharded candidate from by_cost (cheapest first by `costs`)."""
+    order = cv.largest_first
     if not cv.host_bound:
         return _assign(state, cv, order, by_cost)
     # try the hosts whose k-th cheapest rank is cheapest; the first two that fit compete
@@ -100,8 +151,11 @@ def _assign(state: RankState, cv: CandVec, order: list[int], ranks: list[int]) -
     out = [-1] * k
     if max(map(mem.__getitem__, ranks[:k])) + cv.largest_mem <= room and (
             not hm or max(map(host.__getitem__, ranks[:k])) + cv.largest_host_mem <= host_room):  # the k cheapest have room for any shard
-        for i, r in zip(order, ranks):
-            out[i] = r
+        if k == 1:
+            out[0] = ranks[0]
+        else:
+            for i, r in zip(order, ranks):
+                out[i] = r
         order = ()
     pos, skipped = 0, []  # ranks too full for a shard stay candidates for smaller ones
     for i in order:

@@ -15,10 +15,16 @@ from embshard.planner.search.greedy import place
 from embshard.planner.search.problem import Problem, RankState
 
 
-def _pack(problem: Problem, order: list[int], target: float, deadline: float = float("inf")) -> RankState | None:
-    """One packing under `target`; None if a unit fits nowhere or the deadline passes first."""
-    state = RankState(problem)
+def _least_work_first(problem: Problem) -> list[list[int]]:
+    """Per unit, its candidates by the work they add to all ranks, least first (a stable sort)."""
     W = problem.topo.world_size
+    return [sorted(range(len(u.cands)), key=lambda c: u.cands[c].work_ms + W * (u.cands[c].every_ms + sum(u.cands[c].req_vec)))
+            for u in problem.units]
+
+
+def _pack(problem: Problem, order: list[int], target: float, deadline: float, by_work: list[list[int]]) -> RankState | None:
+    """One packing under `target` (by_work: `_least_work_first`); None if a unit fits nowhere or the deadline passes first."""
+    state = RankState(problem)
     for ui in order:
         if time.perf_counter() > deadline:
             return None
@@ -28,7 +34,7 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float = f
         by_cost = state.cheapest_first(unit.ranks, costs)
         fallback = None
         chosen = None
-        for ci in sorted(range(len(unit.cands)), key=lambda c: unit.cands[c].work_ms + W * (unit.cands[c].every_ms + sum(unit.cands[c].req_vec))):
+        for ci in by_work[ui]:
             cv = unit.cands[ci]
             pick = place(state, unit, cv, by_cost, costs)
             if pick is None:
@@ -54,11 +60,12 @@ def target_pack(problem: Problem, order: list[int], lower: float, upper: float, 
     finished (a round the deadline cuts short counts as none)."""
     best, best_obj, done = None, float("inf"), 0
     lo, hi = lower, upper
+    by_work = _least_work_first(problem)
     for _ in range(rounds):
         if time.perf_counter() > deadline or hi - lo <= 1e-3 * hi:
             break
         mid = (lo + hi) / 2
-        state = _pack(problem, order, mid, deadline)
+        state = _pack(problem, order, mid, deadline, by_work)
         if state is None and time.perf_counter() > deadline:
             break
         done += 1

@@ -156,6 +156,12 @@ class Unit:
         """ranks as a set (membership tests in the search)."""
         return frozenset(self.ranks)
 
+    @cached_property
+    def sums(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate, as arrays: its holder_sums (C, 4), req_vec (C, 3) and every_ms (C,)."""
+        return (np.array([cv.holder_sums for cv in self.cands]).reshape(-1, 4), np.array([cv.req_vec for cv in self.cands]).reshape(-1, 3),
+                np.array([cv.every_ms for cv in self.cands]))
+
     @property
     def name(self) -> str:
         return "+".join(t.name for t in self.tables)
@@ -304,7 +310,6 @@ class RankState:
         self.every_kernels: dict[int, int] = {}
         self.every_groups: dict[int, int] = {}  # data-parallel units per mode group; E holds each present group's cost
         self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
-        self.last_order: tuple[list[int], np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # cheapest_first's last list, as an array
         self.rushed = 0  # units greedy placed past its deadline (no host-bound candidates)
 
     def copy(self) -> "RankState":
@@ -326,7 +331,6 @@ class RankState:
         new.every_kernels = dict(self.every_kernels)
         new.every_groups = dict(self.every_groups)
         new.hosts_of = None
-        new.last_order = ([], np.zeros(0, dtype=np.int64))
         new.rushed = self.rushed
         return new
 
@@ -372,30 +376,50 @@ class RankState:
 
     def cost_array_with(self, ui: int, ci: int, ranks: tuple[int, ...]) -> np.ndarray:
         """cost_array() with unit ui (not placed) as candidate ci on `ranks`; the state is left as it was."""
-        cv = self.problem.units[ui].cands[ci]
-        if self.call_ms:  # kernel counts change too: place it and take it back
-            self.add(ui, ci, ranks)
-            c = self.cost_array()
-            self.add(ui, ci, ranks, -1)
-            return c
-        h, u = self.Hn, [a + b for a, b in zip(self.U, cv.req_vec)]
-        if ranks:
-            h = h.copy()
-            h[list(ranks)] += cv.shard_array
-        return (np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3]
-                + (self.E + cv.every_ms + self._new_groups_ms(cv)))
+        return self.cost_arrays_with(ui, [(ci, ranks)])[0]
 
-    def floors_ms(self, cands: Iterable[CandVec]) -> list[float]:
-        """Per candidate, a lower bound on the slowest rank's time with it added on any ranks: the mean
+    def cost_arrays_with(self, ui: int, picks: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
+        """cost_array_with(ui, ci, ranks) for each (ci, ranks) of `picks`, one row each (computed at once)."""
+        cands = self.problem.units[ui].cands
+        if self.call_ms:  # kernel counts change too: place each and take it back
+            rows = []
+            for ci, ranks in picks:
+                self.add(ui, ci, ranks)
+                rows.append(self.cost_array())
+                self.add(ui, ci, ranks, -1)
+            return np.array(rows).reshape(len(picks), len(self.H))
+        cvs = [cands[ci] for ci, _ in picks]
+        h = np.repeat(self.Hn[None], len(picks), axis=0)
+        placed = [(j, ranks) for j, (_, ranks) in enumerate(picks) if ranks]
+        if placed:
+            h[[j for j, ranks in placed for _ in ranks], [r for _, ranks in placed for r in ranks]] += np.concatenate(
+                [cvs[j].shard_array for j, _ in placed])
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(picks), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
+        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
+                + h[:, :, 3] + tail[:, None])
+
+    def costs_without_shards(self, cands: list[CandVec]) -> np.ndarray:
+        """Per candidate (of a unit not placed), every rank's cost with its requester side and every-rank part
+        but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
+        rank (the same float operations on terms no larger), so a candidate this rules out needs no placing."""
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cands]).reshape(len(cands), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cands])
+        h = self.Hn
+        c = (np.maximum(h[None, :, 0], u[:, 0:1]) + np.maximum(h[None, :, 1], u[:, 1:2]) + np.maximum(h[None, :, 2], u[:, 2:3])
+             + h[None, :, 3] + tail[:, None])
+        return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
+
+    def floors_ms(self, unit: Unit) -> list[float]:
+        """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
         over ranks, at least sum_p max(sum_r H_rp, W U_p) / W + sum_r H_r3 / W + E (kernel calls and new
         mode groups left out). Moves and swaps keep these sums, so no moving of shards brings every rank
-        below it; a layout that lifts it above a target cannot be repaired to it."""
+        below it; a layout that lifts it above a target cannot be repaired to it. (All candidates at once.)"""
         W = len(self.H)
-        s = self.Hn.sum(axis=0).tolist()
-        u, e = self.U, self.E
-        return [(max(s[0] + h[0], W * (u[0] + q[0])) + max(s[1] + h[1], W * (u[1] + q[1])) + max(s[2] + h[2], W * (u[2] + q[2]))
-                 + s[3] + h[3]) / W + e + cv.every_ms
-                for cv in cands for h, q in ((cv.holder_sums, cv.req_vec),)]
+        s, u = self.Hn.sum(axis=0), self.U
+        h, q, every = unit.sums
+        return ((np.maximum(s[0] + h[:, 0], W * (u[0] + q[:, 0])) + np.maximum(s[1] + h[:, 1], W * (u[1] + q[:, 1]))
+                 + np.maximum(s[2] + h[:, 2], W * (u[2] + q[:, 2])) + s[3] + h[:, 3]) / W + self.E + every).tolist()
 
     def _new_groups_ms(self, cv: CandVec) -> float:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
@@ -412,21 +436,16 @@ class RankState:
         else:
             idx = np.asarray(ranks if isinstance(ranks, (list, tuple)) else list(ranks), dtype=np.int64)
             order = idx[np.lexsort((work[idx], c[idx]))]
-        out = order.tolist()
-        self.last_order = (out, order)
-        return out
+        return order.tolist()
 
     def costs_after(self, vec) -> np.ndarray:
-        """Every rank's cost if a shard with vector vec came to it (kernel calls left out)."""
-        h, u = self.Hn, self.U
-        return (np.maximum(h[:, 0] + vec[0], u[0]) + np.maximum(h[:, 1] + vec[1], u[1]) + np.maximum(h[:, 2] + vec[2], u[2])
-                + h[:, 3] + (vec[3] + self.E))
-
-    def by_cost_after(self, ranks: list[int], vec, after: np.ndarray | None = None) -> list[int]:
-        """ranks ordered by cost_after(vec) (a stable sort: ties keep their order); `after`: costs_after(vec)
-        if the caller has it."""
-        idx = self.last_order[1] if self.last_order[0] is ranks else np.asarray(ranks, dtype=np.int64)
-        return idx[np.argsort((self.costs_after(vec) if after is None else after)[idx], kind="stable")].tolist()
+        """Every rank's cost if a shard with vector vec came to it (kernel calls left out); vec (n, 4): one
+        row of costs per vector, (n, W)."""
+        h, u, v = self.Hn, self.U, np.asarray(vec, dtype=float)
+        if v.ndim == 2:
+            h, v = h[None], v[:, None, :]
+        return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
+                + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
