@@ -70,6 +70,7 @@ class DenseReplicas:
         # Not an nn.Parameter of any module (DDP must not wait for it): it only makes backward run.
         self.placeholder = torch.zeros(0, requires_grad=True, device=_device(self.kernels))
         self.stacks, self.grad_numel, self.flat_numel = _layout(self.specs)
+        self._params: dict[int, tuple[list[Tensor], list[dict[str, Tensor]], list[int]]] = {}  # `_stack_params`
         # per kernel: each slot's first row in its width's stack, and each slot's width
         self.slot_base = [torch.tensor(_slot_base(spec), dtype=torch.int64, device=self.placeholder.device) for spec in self.specs]
         # kernels whose weight gradient FBGEMM's dense backward gives (pooled, one width, nothing counted)
@@ -134,12 +135,30 @@ class DenseReplicas:
         wire_all_reduce_(flat, self.pg, self.comms.dp_allreduce)
         flat[:self.grad_numel].div_(self.world)
         with torch.no_grad():
-            for stack in self.stacks:
-                kernel, spec = self.kernels[stack.kernel], self.specs[stack.kernel]
-                weights, states = kernel.block_weights(), kernel.block_states()
+            for k, stack in enumerate(self.stacks):
+                weights, states, block_rows = self._stack_params(k)
                 counts = self._count(flat, stack) if stack.count_start >= 0 else None
-                self._apply(spec.optimizer, [weights[i] for i in stack.blocks], [states[i] for i in stack.blocks],
-                            self._grad(flat, stack), counts, stack.block_rows, steps[stack.kernel])
+                self._apply(self.specs[stack.kernel].optimizer, weights, states, self._grad(flat, stack), counts, block_rows,
+                            steps[stack.kernel])
+
+    def _stack_params(self, k: int) -> tuple[list[Tensor], list[dict[str, Tensor]], list[int]]:
+        """Stack k's weights and optimizer states, one view over all its blocks where they lie one after another in
+        memory (FBGEMM's and the torch kernel's do), else per block, with the blocks' rows. Kept after the first call
+        (the tensors are the kernel's own, updated in place), except for a cached kernel's, which flush its cache."""
+        if k in self._params:
+            return self._params[k]
+        stack = self.stacks[k]
+        kernel = self.kernels[stack.kernel]
+        all_weights, all_states = kernel.block_weights(), kernel.block_states()
+        weights, states = [all_weights[i] for i in stack.blocks], [all_states[i] for i in stack.blocks]
+        weight = _stacked(weights)
+        state = {name: _stacked([s[name] for s in states]) for name in states[0] if name != "step"}
+        out = (weights, states, list(stack.block_rows))
+        if weight is not None and all(t is not None for t in state.values()):
+            out = ([weight], [{**states[0], **state}], [stack.num_rows])
+        if not getattr(kernel, "cached", False):
+            self._params[k] = out
+        return out
 
     def _fill(self, flat: Tensor, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
         """Write every stack's dense gradient (and adam's id counts) into the flat buffer: every element."""
@@ -228,13 +247,8 @@ class DenseReplicas:
 
     def _apply(self, optimizer: str, weights: list[Tensor], states: list[dict[str, Tensor]], grad: Tensor,
                counts: Tensor | None, block_rows: Sequence[int], step: int) -> None:
-        """The optimizer on blocks stacked [rows, width]: on every row (zero gradient: unchanged), or with
-        ``counts`` on the rows looked up; one call where the blocks lie one after another in memory (FBGEMM's
-        and the torch kernel's do), else one per block."""
-        weight = _stacked(weights)
-        state = {name: _stacked([s[name] for s in states]) for name in states[0] if name != "step"}
-        if weight is not None and all(t is not None for t in state.values()):
-            weights, states, block_rows = [weight], [{**states[0], **state}], [grad.shape[0]]
+        """The optimizer on blocks stacked [rows, width] (one call per weight given, ``block_rows`` rows each): on
+        every row (zero gradient: unchanged), or with ``counts`` on the rows looked up."""
         sizes = list(block_rows)
         for i, (w, s, g) in enumerate(zip(weights, states, grad.split(sizes))):
             if counts is None:

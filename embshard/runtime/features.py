@@ -113,7 +113,8 @@ class SlotCutter:
 
 
 class Regrouper:
-    """Reorders received bags [source rank][slot][bag] to [slot][source rank][bag] (pooled kernels).
+    """Reorders received bags [source rank][slot][bag] to [slot][source rank][bag] (pooled kernels); with one
+    source (local look-ups) that is the order they are in.
 
     The permutation depends only on the batch size of every rank; it is cached per tuple.
     """
@@ -130,4 +131,6 @@ class Regrouper:
         return self._cache[batch_sizes]
 
     def regroup(self, lengths: Tensor, values: Tensor, weights: Tensor | None, batch_sizes: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
+        if len(batch_sizes) == 1:  # one source rank: already [slot][bag]
+            return lengths, values, weights
         return torch.ops.fbgemm.permute_1D_sparse_data(self.bag_permutation(batch_sizes), lengths, values, weights)
