@@ -92,6 +92,20 @@ def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], p
 def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
     """Sum ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
     dist.all_reduce(x, group=pg)
+    _count_all_reduce(x, pg)
+
+
+def all_reduce_pieces(x: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup) -> list[dist.Work]:
+    """Sum 1-D ``x`` over the ranks in place, in the pieces between ``cuts`` (element offsets, 0 < c < numel),
+    all in flight at once: one work per piece, in order (wait each before reading its piece). Counted as
+    the one all-reduce of ``x`` it stands for (the cost model prices that one)."""
+    bounds = [0, *cuts, x.numel()]
+    works = [dist.all_reduce(x[a:b], group=pg, async_op=True) for a, b in zip(bounds, bounds[1:])]
+    _count_all_reduce(x, pg)
+    return works
+
+
+def _count_all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
     if _counters:
         W, me = dist.get_world_size(pg), dist.get_rank(pg)
         sent = [n * x.element_size() for n in ring_allreduce_sent(x.numel(), W)]

@@ -4,7 +4,8 @@ header all-gather alone (every rank's batch size and a failure flag), no all-to-
 counted; backward: one all-reduce (every table's gradient in one flat buffer; on one host, where no in-host
 reduction comes first). A table-wise
 plan of the same tables, for contrast, sends its ids and embeddings (two all-to-alls in, one out).
-That such collections train exactly as the unsharded reference: rt_training's data_parallel cases.
+That such collections train exactly as the unsharded reference: rt_training's data_parallel cases, and
+here with the all-reduce in pieces (dense_replicas.ALLREDUCE_PIECES; these tables are under its floor).
 """
 
 from __future__ import annotations
@@ -73,6 +74,28 @@ def local_only(pg: dist.ProcessGroup, pooled: bool) -> dict:
             "err_sharded_all_to_alls": abs(sharded_forward["all_to_all_single"] - 3), "err_sharded_bytes": float(sharded_bytes == 0)}
 
 
+
+
+def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int) -> dict:
+    """The data-parallel all-reduce in ``pieces`` (its floor lowered so that these small tables are cut, inside
+    stacks and between them; adam's counted rows wait for the last), trained against the unsharded reference."""
+    import embshard.runtime.dense_replicas as dense_replicas
+    from rt_training import train
+    specs = POOLED if pooled else SEQUENCE
+    floor, count = dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES
+    dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES = 16, pieces
+    try:
+        plan = make_plan(specs, topology(dist.get_world_size(pg)), [ST.DATA_PARALLEL] * len(specs))
+        sharded, _, _, errors = train(specs, plan, pg, pooled=pooled, weighted=pooled, seed=52, data_parallel_mode="allreduce")
+    finally:
+        dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES = floor, count
+    replicas = sharded.dense_replicas
+    inside = sum(any(u.stack == v.stack and u.row_lo == v.row_hi for v in replicas.units) for u in replicas.units)
+    return {**errors, "err_pieces": abs(len(replicas.cuts) + 1 - pieces), "err_no_cut_inside_a_stack": float(inside == 0)}
+
+
 def cases(world_size: int) -> dict:
     return {"local-only-collectives-pooled": lambda pg: local_only(pg, True),
-            "local-only-collectives-sequence": lambda pg: local_only(pg, False)}
+            "local-only-collectives-sequence": lambda pg: local_only(pg, False),
+            "allreduce-in-pieces-pooled": lambda pg: in_pieces(pg, True, 3),
+            "allreduce-in-pieces-sequence": lambda pg: in_pieces(pg, False, 5)}
