@@ -4,7 +4,9 @@
 
 Each rank passes its own slice of the batch. Forward: validate locally, agree on batch
 sizes (and on failure: every rank raises the same ValueError), input dist, rank-local
-fused lookups, output dist. Backward: gradients go back the same way and the fused
+fused lookups, output dist (a collection whose look-ups are all local, data-parallel tables
+trained by an all-reduce, has neither: its forward reads the batch-size header, in flight meanwhile,
+after its look-ups). Backward: gradients go back the same way and the fused
 optimizer updates every shard inside backward; nothing to call afterwards.
 
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
@@ -54,7 +56,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Location
-from embshard.runtime.comm import gather_header, local_part, use_hosts
+from embshard.runtime.comm import Header, gather_header, local_part, start_header, use_hosts
 from embshard.planner.types import ShardingType
 from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
@@ -193,24 +195,34 @@ class _ShardedCollection(nn.Module):
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else nullcontext()
 
-    def _prepare(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> tuple[Batch, tuple[int, ...], SplitBatch | None]:
-        """Validate the local batch, then agree with every rank on batch sizes (or raise everywhere);
-        with hot rows, the batch the inner tables see (hot ids moved to their replicas) and the split."""
+    def _prepare(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> tuple[Batch, Header, SplitBatch | None]:
+        """Validate the local batch and start agreeing with every rank on batch sizes (a rank with a bad batch
+        waits for it and raises, as every rank does on reading the header); with hot rows, the batch the inner
+        tables see (hot ids moved to their replicas) and the split."""
         batch, error = check_batch(features, self.hot or self.routing, self.weighted, self.where)
-        header = gather_header([batch.batch_size if batch else 0], error, pg, self.device)
+        header = start_header([batch.batch_size if batch else 0], error, pg, self.device)
+        if batch is None:
+            header.result()  # raises
         assert batch is not None
         split = self.hot.split(batch) if self.hot is not None else None
-        return (split.inner if split else batch), tuple(header[:, 0].tolist()), split
+        return (split.inner if split else batch), header, split
 
     def distribute(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup | None = None) -> Distributed:
         """Validate, agree on batch sizes, then ship ids to shards and to every replica (per replica group), over
         ``pg`` (by default the collection's). A pipeline (pipeline.py) runs it for the next batch on a group and
         thread of its own, then `stage`s the result."""
-        pg = pg or self.pg
-        batch, batch_sizes, split = self._prepare(features, pg)
-        received = self.input_dist(batch, batch_sizes, pg) if self.sharded else None
-        replicated = [g.dist.local(batch) if g.local else g.dist(batch, batch_sizes, pg) for g in self.replica_groups]
-        return Distributed(batch, batch_sizes, received, replicated, split)
+        distributed = self._distribute(features, pg or self.pg)
+        distributed.batch_sizes  # the header read here: raises here, on every rank, if a rank's batch is bad
+        return distributed
+
+    def _distribute(self, features: KeyedJaggedTensor, pg: dist.ProcessGroup) -> Distributed:
+        """`distribute`, except that a collection whose look-ups are all local (data-parallel tables trained by an
+        all-reduce, or forward-only replicas) leaves the header in flight: the forward reads it after its look-ups,
+        which issue no collective, so its latency hides behind them."""
+        batch, header, split = self._prepare(features, pg)
+        received = self.input_dist(batch, header, pg) if self.sharded else None
+        replicated = [g.dist.local(batch) if g.local else g.dist(batch, header, pg) for g in self.replica_groups]
+        return Distributed(batch, header, received, replicated, split)
 
     def stage(self, features: KeyedJaggedTensor, distributed: Distributed) -> None:
         """The next forward, which must be of this very ``features`` object, uses ``distributed`` as its input dist."""
@@ -225,11 +237,13 @@ class _ShardedCollection(nn.Module):
             d = staged[1]
         else:
             with self._phase("input_dist"):
-                d = self.distribute(features)
-        batch, batch_sizes, received, replicated = d.batch, d.batch_sizes, d.received, d.replicated
+                d = self._distribute(features, self.pg)
+        batch, received, replicated = d.batch, d.received, d.replicated
         with self._phase("lookup"):
             outs = self._look_up(self.kernels, received)
             replica_outs = [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, replicated)]
+        with self._phase("input_dist"):
+            batch_sizes = d.batch_sizes  # in flight until here where every look-up is local; raises on a bad batch
         return batch, batch_sizes, received, replicated, outs, replica_outs, d.split
 
     def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]], batch_sizes: tuple[int, ...]) -> Tensor | None:

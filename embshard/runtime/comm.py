@@ -92,6 +92,20 @@ def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], p
 def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
     """Sum ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
     dist.all_reduce(x, group=pg)
+    _count_all_reduce(x, pg)
+
+
+def all_reduce_pieces(x: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup) -> list[dist.Work]:
+    """Sum 1-D ``x`` over the ranks in place, in the pieces between ``cuts`` (element offsets, 0 < c < numel),
+    all in flight at once: one work per piece, in order (wait each before reading its piece). Counted as
+    the one all-reduce of ``x`` it stands for (the cost model prices that one)."""
+    bounds = [0, *cuts, x.numel()]
+    works = [dist.all_reduce(x[a:b], group=pg, async_op=True) for a, b in zip(bounds, bounds[1:])]
+    _count_all_reduce(x, pg)
+    return works
+
+
+def _count_all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
     if _counters:
         W, me = dist.get_world_size(pg), dist.get_rank(pg)
         sent = [n * x.element_size() for n in ring_allreduce_sent(x.numel(), W)]
@@ -224,19 +238,40 @@ def local_part(x: Tensor, splits: Sequence[int], pg: dist.ProcessGroup, grad_dty
     return _LocalPart.apply(x, list(splits), pg, grad_dtype)
 
 
-def gather_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Tensor:
-    """All-gather a few ints per rank; raise ValueError on every rank if any rank passed an error.
+class Header:
+    """A header all-gather in flight (`start_header`); `result` waits for it, once."""
 
-    Returns [world_size, len(values)] int64. Each rank validates its own input before calling
-    this (the first collective of a step), so a bad batch never leaves a rank inside a
-    collective its peers skipped.
+    def __init__(self, local: Tensor, error: str | None, pg: dist.ProcessGroup) -> None:
+        self.error, self.pg = error, pg
+        self.gathered = local.new_empty(dist.get_world_size(pg) * local.numel())
+        self.work = dist.all_gather_into_tensor(self.gathered, local, group=pg, async_op=True)
+        self.columns = local.numel()
+        self._result: Tensor | None = None
+
+    def result(self) -> Tensor:
+        """[world_size, len(values)] int64; ValueError on every rank if any rank passed an error."""
+        if self._result is None:
+            self.work.wait()
+            gathered = self.gathered.view(-1, self.columns)
+            if bool(gathered[:, 0].any()):
+                messages: list[str | None] = [None] * dist.get_world_size(self.pg)
+                dist.all_gather_object(messages, self.error, group=self.pg)
+                raise ValueError("; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None))
+            self._result = gathered[:, 1:]
+        return self._result
+
+
+def start_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Header:
+    """Start the all-gather of a few ints per rank and a failure flag; `Header.result` waits for it and raises
+    ValueError on every rank if any rank passed an error.
+
+    Each rank validates its own input before calling this (the first collective of a step), so a bad batch
+    never leaves a rank inside a collective its peers skipped: a rank that passes an error waits for the
+    result at once (and raises); the others may first do work that issues no collective (local look-ups).
     """
-    local = torch.tensor([int(error is not None), *values], dtype=torch.int64, device=device)
-    gathered = local.new_empty(dist.get_world_size(pg) * local.numel())
-    dist.all_gather_into_tensor(gathered, local, group=pg)
-    gathered = gathered.view(-1, local.numel())
-    if bool(gathered[:, 0].any()):
-        messages: list[str | None] = [None] * dist.get_world_size(pg)
-        dist.all_gather_object(messages, error, group=pg)
-        raise ValueError("; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None))
-    return gathered[:, 1:]
+    return Header(torch.tensor([int(error is not None), *values], dtype=torch.int64, device=device), error, pg)
+
+
+def gather_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Tensor:
+    """`start_header` and its result: [world_size, len(values)] int64, or ValueError on every rank."""
+    return start_header(values, error, pg, device).result()

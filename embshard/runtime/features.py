@@ -55,8 +55,8 @@ def check_batch(kjt: KeyedJaggedTensor, routing: Routing, weighted: bool, where:
         return None, f"{where}: lengths sum to {int(lengths.sum())} but there are {values.numel()} ids"
     counts_F = lengths.view(num_features, batch_size).sum(1)
     bounds = torch.tensor([f.num_embeddings for f in routing.features], device=values.device)
-    bad = (values < 0) | (values >= bounds.repeat_interleave(counts_F, output_size=values.numel()))
-    if bool(bad.any()):
+    if not _in_bounds(values, counts_F, bounds):
+        bad = (values < 0) | (values >= bounds.repeat_interleave(counts_F, output_size=values.numel()))
         i = int(bad.nonzero()[0])
         f = int(torch.searchsorted(counts_F.cumsum(0), torch.tensor(i, device=values.device), right=True))
         feat = routing.features[f]
@@ -71,6 +71,18 @@ def check_batch(kjt: KeyedJaggedTensor, routing: Routing, weighted: bool, where:
             return None, f"{where}: {weights.numel()} weights for {values.numel()} ids; give one weight per id"
         weights = weights.to(torch.float32)
     return Batch(lengths, values, weights, batch_size), None
+
+
+def _in_bounds(values: Tensor, counts_F: Tensor, bounds_F: Tensor) -> bool:
+    """Every id of feature f (its ``counts_F[f]`` ids, features one after another) in [0, bounds_F[f]): one min-max
+    pass per feature (about 10x fewer passes over the ids than comparing each with its feature's bound)."""
+    counts = counts_F.tolist()
+    nonempty = [f for f, n in enumerate(counts) if n]
+    if not nonempty:
+        return True
+    parts = values.split(counts)
+    lo_hi = torch.stack([torch.stack(torch.aminmax(parts[f])) for f in nonempty])
+    return bool(((lo_hi[:, 0] >= 0) & (lo_hi[:, 1] < bounds_F[nonempty])).all())
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,8 @@ class SlotCutter:
 
 
 class Regrouper:
-    """Reorders received bags [source rank][slot][bag] to [slot][source rank][bag] (pooled kernels).
+    """Reorders received bags [source rank][slot][bag] to [slot][source rank][bag] (pooled kernels); with one
+    source (local look-ups) that is the order they are in.
 
     The permutation depends only on the batch size of every rank; it is cached per tuple.
     """
@@ -130,4 +143,6 @@ class Regrouper:
         return self._cache[batch_sizes]
 
     def regroup(self, lengths: Tensor, values: Tensor, weights: Tensor | None, batch_sizes: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
+        if len(batch_sizes) == 1:  # one source rank: already [slot][bag]
+            return lengths, values, weights
         return torch.ops.fbgemm.permute_1D_sparse_data(self.bag_permutation(batch_sizes), lengths, values, weights)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from embshard.runtime.comm import all_to_all
+from embshard.runtime.comm import Header, all_to_all
 from embshard.runtime.features import Batch, Regrouper, SendBuffers, SlotCutter
 from embshard.runtime.hot_rows import SplitBatch
 from embshard.runtime.routing import Routing
@@ -46,10 +46,21 @@ class Received:
 class Distributed:
     """One collection's input dist of one batch: what its lookups and output dist start from."""
     batch: Batch
-    batch_sizes: tuple[int, ...]  # every rank's
+    header: Header  # every rank's batch size (read: `batch_sizes`)
     received: Received | None  # None: no sharded table
     replicated: list[Received]  # per replica group (one per data-parallel mode); [] without data-parallel tables
     split: SplitBatch | None = None  # with hot-row replication: how to join the outputs back
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Every rank's batch size: waits for the header if it is still in flight; ValueError on every rank if a
+        rank's batch was bad."""
+        return header_batch_sizes(self.header)
+
+
+def header_batch_sizes(header: Header) -> tuple[int, ...]:
+    """Every rank's batch size from the header (`embshard.runtime.comm.start_header`), waiting for it."""
+    return tuple(header.result()[:, 0].tolist())
 
 
 def _cumsum0(x: Tensor) -> Tensor:
@@ -73,15 +84,17 @@ class InputDist:
         S, W = self.num_local_slots, routing.world_size
         # (source rank, slot) segments in (slot, source rank) order, for sequence kernels
         self.slot_major = torch.tensor([r * S + s for s in range(S) for r in range(W)], dtype=torch.int32, device=device)
-        # local lookups: this rank's features in the order of its own slots
-        self.local_features = torch.tensor([s.feature for s in routing.slots_by_rank[routing.rank]], dtype=torch.int32,
-                                           device=device)
+        # local lookups: this rank's features in the order of its own slots (None: the batch's order already)
+        local = [s.feature for s in routing.slots_by_rank[routing.rank]]
+        self.local_features = None if local == list(range(len(routing.features))) else \
+            torch.tensor(local, dtype=torch.int32, device=device)
 
-    def __call__(self, batch: Batch, batch_sizes: tuple[int, ...], pg: dist.ProcessGroup | None = None) -> Received:
-        """Over ``pg`` (the same ranks as the routing's group; by default that group)."""
+    def __call__(self, batch: Batch, header: Header, pg: dist.ProcessGroup | None = None) -> Received:
+        """Over ``pg`` (the same ranks as the routing's group; by default that group); cuts the batch while
+        ``header`` (every rank's batch size) is in flight."""
         r, W, pg = self.routing, self.routing.world_size, pg or self.pg
         send = self.cutter.cut(batch)
-        B = batch.batch_size
+        B, batch_sizes = batch.batch_size, header_batch_sizes(header)
         lengths = all_to_all(send.lengths_QB, [self.num_local_slots * b for b in batch_sizes],
                              [n * B for n in self.slots_per_rank], pg)
         sent_per_slot = send.lengths_QB.view(-1, B).sum(1) if B else send.lengths_QB.new_zeros(len(r.send_slots))
@@ -102,9 +115,12 @@ class InputDist:
     def local(self, batch: Batch) -> Received:
         """This rank's own ids for its kernels (as if it were the only rank): no collective."""
         B = batch.batch_size
-        lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
-            self.local_features, batch.lengths_FB.view(len(self.routing.features), B), batch.values_N, batch.weights_N)
-        lengths = lengths.reshape(-1)
+        if self.local_features is None:  # every feature, in the batch's order: the batch as it is
+            lengths, values, weights = batch.lengths_FB, batch.values_N, batch.weights_N
+        else:
+            lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
+                self.local_features, batch.lengths_FB.view(len(self.routing.features), B), batch.values_N, batch.weights_N)
+            lengths = lengths.reshape(-1)
         if self.routing.pooled:
             return Received(self._pooled_inputs(lengths, values, weights, (B,)), None, None, ())
         inputs, per_source_kernel = self._sequence_inputs(lengths, values, (B,))

@@ -65,6 +65,7 @@ class PooledOutputDist:
         self.widths = [sum(s.num_cols for s in slots) for slots in source_slots]  # columns each rank sends here
         self.replica_widths = [sum(s.num_cols for s in replica_slots)] if replica_slots else []
         self.mean_cols = torch.tensor([f.mean for f in feats for _ in range(f.dim)], device=device)
+        self.any_mean = any(f.mean for f in feats)
         self.col_feature = torch.tensor([i for i, f in enumerate(feats) for _ in range(f.dim)], device=device)
         # Without row-wise partial sums every output column comes from exactly one source column,
         # and runs of `unit` columns move together.
@@ -72,11 +73,12 @@ class PooledOutputDist:
         slots = [*routing.send_slots, *replica_slots]
         self.unit = _unit(routing.output_dim, *self.widths, *self.replica_widths,
                           *(s.num_cols for s in slots), *(feats[s.feature].col_offset + s.col_offset for s in slots))
-        self._index_cache: dict[int, tuple[Tensor, Tensor]] = {}
+        self._index_cache: dict[int, tuple[Tensor, Tensor] | None] = {}
 
-    def _scatter_index(self, batch_size: int) -> tuple[Tensor, Tensor]:
+    def _scatter_index(self, batch_size: int) -> tuple[Tensor, Tensor] | None:
         """Target in [B, D] of every source run of `unit` floats (blocks [B, width] by sending rank, then
-        the replicas' block), and its inverse when the map is one-to-one."""
+        the replicas' block), and its inverse when the map is one-to-one; None where every run is in its place
+        already (the source is the output: data-parallel tables alone, all looked up here)."""
         if batch_size not in self._index_cache:
             u = self.unit
             rows = torch.arange(batch_size, device=self.device).unsqueeze(1) * (self.routing.output_dim // u)
@@ -86,7 +88,8 @@ class PooledOutputDist:
                 parts.append((rows + cols[start:start + width // u].unsqueeze(0)).flatten())
                 start += width // u
             index = torch.cat(parts)
-            self._index_cache[batch_size] = (index, inverse_permutation(index) if self.one_to_one else index)
+            in_place = self.one_to_one and torch.equal(index, torch.arange(index.numel(), device=self.device))
+            self._index_cache[batch_size] = None if in_place else (index, inverse_permutation(index) if self.one_to_one else index)
         return self._index_cache[batch_size]
 
     def __call__(self, kernel_outputs: list[Tensor], replica_rows: Tensor | None, batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
@@ -104,12 +107,16 @@ class PooledOutputDist:
             pieces.insert(0, wire_all_to_all(message, [B * w for w in self.widths], in_splits, self.pg, self.comms,
                                              grad_scale=1.0 / r.world_size))
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        index, inverse = self._scatter_index(B)
-        if self.one_to_one:
+        scatter = self._scatter_index(B)
+        if scatter is None:
+            out = source.view(B, D)
+        elif self.one_to_one:
+            index, inverse = scatter
             out = Permute.apply(source.view(-1, self.unit), inverse, index).view(B, D)
         else:  # row-wise partial sums add up
-            out = torch.zeros(B * D // self.unit, self.unit, device=self.device).index_add(0, index, source.view(-1, self.unit)).view(B, D)
-        if bool(self.mean_cols.any()):
+            out = torch.zeros(B * D // self.unit, self.unit, device=self.device).index_add(
+                0, scatter[0], source.view(-1, self.unit)).view(B, D)
+        if self.any_mean:
             lengths_BF = batch.lengths_FB.view(len(r.features), B).t().clamp(min=1).to(out.dtype)
             scale = torch.where(self.mean_cols, 1.0 / lengths_BF[:, self.col_feature], torch.ones((), device=self.device))
             out = out * scale

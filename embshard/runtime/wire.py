@@ -11,7 +11,7 @@ Everything outside these collectives stays fp32; fp32 on the wire is the plain c
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from embshard.comms import WIRE_BYTES, CommsPrecision
 from embshard.planner.cost.allreduce import hierarchical_allreduce
-from embshard.runtime.comm import all_reduce, all_to_all, all_to_all_autograd, hierarchical_all_reduce, host_groups, reduce_scatter
+from embshard.runtime.comm import all_reduce, all_reduce_pieces, all_to_all, all_to_all_autograd, hierarchical_all_reduce, host_groups, reduce_scatter
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,6 +60,25 @@ def wire_all_reduce_(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:
     else:
         all_reduce(wire, pg)
     return flat if wire is flat else flat.copy_(wire)
+
+
+def wire_all_reduce_pieces_(flat: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup, dtype: str) -> list[Callable[[], None]]:
+    """`wire_all_reduce_` in the pieces of ``flat`` between ``cuts`` (`embshard.runtime.comm.all_reduce_pieces`), all
+    in flight at once; returns one wait per piece, in order: after it, that piece of ``flat`` holds the sum. Where
+    the sum runs hierarchically, the whole of it runs here, and the waits have nothing left to wait for."""
+    hosts = host_groups(pg)
+    if hosts is not None and hierarchical_allreduce(flat.numel() * WIRE_BYTES[dtype], hosts.topology):
+        wire_all_reduce_(flat, pg, dtype)
+        return [lambda: None] * (len(cuts) + 1)
+    wire = flat if dtype == "fp32" else flat.to(TORCH_DTYPES[dtype])
+    works = all_reduce_pieces(wire, cuts, pg)
+    bounds = [0, *cuts, flat.numel()]
+
+    def wait(i: int) -> None:
+        works[i].wait()
+        if wire is not flat:
+            flat[bounds[i]:bounds[i + 1]].copy_(wire[bounds[i]:bounds[i + 1]])
+    return [lambda i=i: wait(i) for i in range(len(works))]
 
 
 def wire_reduce_scatter(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:

@@ -35,9 +35,10 @@ def _expect_error(build: Callable[[], object], run: Callable[[object], object] |
 
 
 def _bad_batch_case(world_size: int, bad_rank: int, edit: Callable[[dict], None], expect: list[str], pooled: bool = True,
-                    weighted_collection: bool = False, strip_weights: bool = False) -> Callable[[dist.ProcessGroup], dict]:
+                    weighted_collection: bool = False, strip_weights: bool = False,
+                    types: list[ShardingType] = MIXED) -> Callable[[dist.ProcessGroup], dict]:
     specs = POOLED if pooled else SEQUENCE
-    plan = make_plan(specs, topology(world_size), MIXED)
+    plan = make_plan(specs, topology(world_size), types)
     feats = features_of(specs)
 
     def case(pg: dist.ProcessGroup) -> dict:
@@ -108,6 +109,10 @@ def cases(world_size: int) -> dict[str, Callable[[dist.ProcessGroup], dict]]:
         "bad-id-negative": _bad_batch_case(world_size, 0, _set_id("a2", -1), ["'a2'", "-1"]),
         "bad-id-sequence": _bad_batch_case(world_size, last, _set_id("s4", 1000), ["'s4'", "1000"], pooled=False),
         "bad-missing-feature": _bad_batch_case(world_size, 0, _drop("d"), ["missing", "'d'"]),
+        # all look-ups local (the header is read after them): every rank still raises
+        "bad-id-local-only": _bad_batch_case(world_size, last, _set_id("c", 23), ["'c'", "23"], types=[ST.DATA_PARALLEL] * 4),
+        "bad-id-local-only-sequence": _bad_batch_case(world_size, 0, _set_id("s4", 1000), ["'s4'", "1000"], pooled=False,
+                                                      types=[ST.DATA_PARALLEL] * 4),
         "bad-unknown-feature": _bad_batch_case(world_size, 1, _add("zz"), ["unknown", "'zz'"]),
         "bad-missing-weights": _bad_batch_case(world_size, last, lambda b: None, ["weights"], weighted_collection=True,
                                                strip_weights=True),
