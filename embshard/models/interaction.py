@@ -9,7 +9,10 @@ TorchRec's `LowRankCrossNet`; the output keeps the concatenated width.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchrec.modules.crossnet import LowRankCrossNet
 
@@ -18,9 +21,13 @@ class DotInteraction(nn.Module):
     def __init__(self, num_vectors: int) -> None:
         super().__init__()
         rows, cols = torch.triu_indices(num_vectors, num_vectors, offset=1)
-        # Flat positions of the pairs in [V*V]: index_select's backward (index_add) is about 2x faster on
-        # CPU than that of products[:, rows, cols] (an accumulating index_put), which TorchRec uses.
-        self.register_buffer("pairs", rows * num_vectors + cols, persistent=False)
+        # Flat positions of the pairs (i < j) in [V*V]; of each of the V*V positions, 1 + the pair at it or at its
+        # mirror (j, i), 0 on the diagonal.
+        pairs, mirrors = rows * num_vectors + cols, cols * num_vectors + rows
+        symmetric = torch.zeros(num_vectors * num_vectors, dtype=torch.long)
+        symmetric[pairs] = symmetric[mirrors] = torch.arange(1, len(pairs) + 1)
+        self.register_buffer("pairs", pairs, persistent=False)
+        self.register_buffer("symmetric", symmetric, persistent=False)
 
     @staticmethod
     def output_dim(num_vectors: int, dim: int) -> int:
@@ -28,14 +35,44 @@ class DotInteraction(nn.Module):
 
     def forward(self, dense_BD: Tensor, embeddings_BFD: Tensor) -> Tensor:
         vectors_BVD = torch.cat([dense_BD.unsqueeze(1), embeddings_BFD], dim=1)
-        products_BVV = torch.bmm(vectors_BVD, vectors_BVD.transpose(1, 2))
-        return torch.cat([dense_BD, products_BVV.flatten(1).index_select(1, self.pairs)], dim=1)
+        return torch.cat([dense_BD, _PairProducts.apply(vectors_BVD, self.pairs, self.symmetric)], dim=1)
+
+
+class _PairProducts(torch.autograd.Function):
+    """[B, V, D] -> [B, P]: the dot products of each sample's vector pairs (i < j), from one bmm.
+
+    Backward: the products' gradient G (at the pairs, zero elsewhere) gives dV = G V + G^T V. G + G^T
+    is gathered exactly (each pair's gradient at (i, j) and at (j, i), zero on the diagonal), so dV is
+    one bmm, where autograd's bmm backward takes two, a scatter of the pairs and a sum (as TorchRec's
+    InteractionArch, which also gathers the pairs by an index_put, whose backward is ~2x slower on CPU
+    than index_select's)."""
+
+    @staticmethod
+    def forward(ctx: Any, vectors_BVD: Tensor, pairs: Tensor, symmetric: Tensor) -> Tensor:
+        ctx.save_for_backward(vectors_BVD, symmetric)
+        return torch.bmm(vectors_BVD, vectors_BVD.transpose(1, 2)).flatten(1).index_select(1, pairs)
+
+    @staticmethod
+    def backward(ctx: Any, grad_BP: Tensor) -> tuple[Tensor, None, None]:
+        vectors_BVD, symmetric = ctx.saved_tensors
+        B, V, _ = vectors_BVD.shape
+        grad_BVV = F.pad(grad_BP, (1, 0)).index_select(1, symmetric).view(B, V, V)
+        return torch.bmm(grad_BVV, vectors_BVD), None, None
 
 
 class CrossInteraction(nn.Module):
+    """TorchRec's `LowRankCrossNet` (its parameters, so its state-dict keys), computed with the bias in the
+    second matmul (addmm) and x_0 * w + x_l as one addcmul: layer l is x_{l+1} = x_0 * (W (V x_l) + b) + x_l,
+    as TorchRec's, ~12% less CPU over forward and backward at batch 2048 (two fewer elementwise passes a layer)."""
+
     def __init__(self, in_features: int, num_layers: int, low_rank: int) -> None:
         super().__init__()
         self.crossnet = LowRankCrossNet(in_features=in_features, num_layers=num_layers, low_rank=low_rank)
 
     def forward(self, dense_BD: Tensor, embeddings_BE: Tensor) -> Tensor:
-        return self.crossnet(torch.cat([dense_BD, embeddings_BE], dim=1))
+        x0_BN = torch.cat([dense_BD, embeddings_BE], dim=1)
+        x_BN = x0_BN
+        net = self.crossnet
+        for V, W, bias in zip(net.V_kernels, net.W_kernels, net.bias):
+            x_BN = torch.addcmul(x_BN, x0_BN, F.linear(F.linear(x_BN, V), W, bias))
+        return x_BN

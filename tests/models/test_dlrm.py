@@ -1,4 +1,4 @@
-"""DLRM: dot interaction equals TorchRec's torchrec.models.dlrm.DLRM with the same weights;
+"""DLRM: dot interaction equals TorchRec's torchrec.models.dlrm.DLRM with the same weights (forward and gradients);
 DCNv2 and sequence variants run and train; target attention equals a per-sample softmax."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from embshard.data.stream import open_stream
 from embshard.models.attention import TargetAttention
 from embshard.models.config import DLRMConfig, SequenceConfig
 from embshard.models.dlrm import DLRM
+from embshard.models.interaction import CrossInteraction
 from embshard.specs import TableSpec
 
 TABLES = (TableSpec("a", 40, 8), TableSpec("b", 30, 8, pooling_factor=2.0), TableSpec("c", 50, 8))
@@ -37,7 +38,39 @@ def test_dot_interaction_equals_torchrec_dlrm() -> None:
             b.weight.copy_(a.weight)
             b.bias.copy_(a.bias)
     b = batch(TABLES, config)
-    assert torch.allclose(ours(b.dense, b.sparse), theirs(b.dense, b.sparse).squeeze(1), atol=1e-6)
+    ours_out, theirs_out = ours(b.dense, b.sparse), theirs(b.dense, b.sparse).squeeze(1)
+    assert torch.allclose(ours_out, theirs_out, atol=1e-6)
+    # Backward too (ours: one bmm on the symmetric gradient of the pair products; theirs: autograd through bmm).
+    # The tables are shared: their gradient is the sum of both models' (the second minus the first).
+    weights = torch.randn(ours_out.shape)
+    (ours_out * weights).sum().backward()
+    ours_grads = [p.grad.clone() for m in ours_linear for p in (m.weight, m.bias)]
+    tables = [t.weight for t in ours.sparse.embedding_bags.values()]
+    ours_tables = [t.grad.clone() for t in tables]
+    (theirs_out * weights).sum().backward()
+    theirs_grads = [p.grad for m in theirs_linear for p in (m.weight, m.bias)]
+    assert ours_grads[0].abs().sum() > 0 and ours_tables[0].abs().sum() > 0
+    for a, g in zip(ours_grads, theirs_grads):
+        assert torch.allclose(a, g, atol=1e-5)
+    for a, t in zip(ours_tables, tables):
+        assert torch.allclose(a, t.grad - a, atol=1e-5)
+
+
+def test_cross_interaction_equals_torchrec_low_rank_crossnet() -> None:
+    torch.manual_seed(0)
+    ours = CrossInteraction(12, num_layers=2, low_rank=3)
+    dense, embeddings = torch.randn(5, 4, requires_grad=True), torch.randn(5, 8, requires_grad=True)
+    weights = torch.randn(5, 12)
+    grads = []
+    for forward in (lambda: ours(dense, embeddings), lambda: ours.crossnet(torch.cat([dense, embeddings], dim=1))):
+        ours.zero_grad()
+        dense.grad = embeddings.grad = None
+        out = forward()
+        (out * weights).sum().backward()
+        grads.append([out.detach(), dense.grad, embeddings.grad, *(p.grad.clone() for p in ours.parameters())])
+    assert grads[0][1].abs().sum() > 0 and len(grads[0]) == 3 + 3 * 2
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5)
 
 
 def test_dcnv2_takes_any_dims_and_trains() -> None:
