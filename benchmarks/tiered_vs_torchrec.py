@@ -202,16 +202,20 @@ goes above the plan's maximum: on a 100-table set at 8 ranks, TorchRec's model o
 2.63 ms at the same 0.749 ms under embshard's). `--quick` at h14: criteo_tb_measured 0.370 / 0.470 (es / tr model
 ratios), its 100 generated tables 0.615 / 1.584: where HBM is short the models part ways, as below.
 
-What remains is the models' disagreement where HBM is short (the 2,000-table set). embshard's memory model leaves
+Where HBM is short (the 2,000-table set) the models part ways most. embshard's memory model leaves
 64 x 6.59 GiB = 422 GiB of HBM for shards (HBM less the reserve and 0.61 GiB of output buffers a rank) for 594 GiB
 of weights and optimizer state, so at least 172 GiB stay in host memory; TorchRec counts fewer buffer bytes, keeps
-13 tables out of HBM and is over embshard's caps on 53 ranks. embshard's torchrec_compatible plan (the one TorchRec's
-model scores; planned at h14 with 15,000 measured samples, two runs) keeps 120 to 121 tables out of HBM, 31 to 39
-of them with 1% caches, which its model prices at 27.6 to 27.9 ms (misses are a few percent of lookups) and
-TorchRec's at 175 to 199 ms on the slowest rank; the mean over ranks under TorchRec's model, 79 to 80 ms, is
-already above TorchRec's own plan's maximum (62 ms), so no re-placement of those tiers meets the target; it would
-need fewer bytes out of HBM than embshard's memory caps allow, or caches sized by TorchRec's uniform-ids price,
-which is not embshard's model. Which model is right about cached lookups needs the kernels on a GPU.
+about 13 tables out of HBM and is over embshard's caps on about 53 ranks. embshard's torchrec_compatible plan (the
+one TorchRec's model scores) hits its 10 s budget at this size, so how far its search gets decides how many tables
+leave HBM with 1% caches, which embshard's model prices cheaply (misses are a few percent of lookups) and TorchRec's
+dearly (every cached lookup at a blend of HBM and host bandwidth, a tenth of it). Planned at h14 (Intel Xeon, two
+runs) it kept 120 to 121 tables out of HBM, 31 to 39 of them with 1% caches: 27.6 to 27.9 ms under its model, 175 to
+199 ms under TorchRec's, above TorchRec's own plan (62 to 83 ms); at c9ed743 on the same machine 159 ms (1.92x). On
+this session's machine (AMD EPYC), at 67bb210 as at h14e and 0c4b01f (whose search is 1.6-2.2x cheaper for the same
+plans), it scores 24.08 ms under its model and 49.10 ms under TorchRec's, 0.79x TorchRec's own plan: the target is
+met there, by a plan whose TorchRec-model cost moved 3x with the machine it was planned on, so not robustly. Which model is right about
+cached lookups needs the kernels on a GPU.
+
 I/O buffers: what the runtime allocates (h14e, `benchmarks/io_buffers.py`). Is embshard's memory model over-counting
 the buffers that keep the 2,000-table set's shards out of HBM? Measured on the runtime (2 gloo ranks on CPU, 6
 table-wise tables of 64 columns, batch 512 per rank, pooling factor 8; the peak of the tensors one training step
