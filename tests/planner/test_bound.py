@@ -9,7 +9,8 @@ import pytest
 
 from embshard.planner.search import bound
 from embshard.planner.search.bound import lower_bound_ms, quick_bound_ms
-from embshard.planner.search.problem import Problem, RankState, build_problem
+from embshard.planner.search.problem import Problem, build_problem
+from embshard.planner.search.state import RankState
 from embshard.planner.types import Constraints, ShardingType, TableConstraint
 from embshard.specs import TableSpec
 from embshard.topology import Topology

@@ -20,7 +20,8 @@ from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.greedy import default_order, greedy, place
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.local import local_search, rank_order_rows
-from embshard.planner.search.problem import RankState, build_problem
+from embshard.planner.search.problem import build_problem
+from embshard.planner.search.state import RankState
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
 from embshard.workloads import generate_tables

@@ -16,7 +16,8 @@ from embshard.planner.cost.storage import holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, CACHE_SLOT_BYTES, cache_rows, hit_rate
 from embshard.planner.report import chart, rank_table, summary, tiered_tables
 from embshard.planner.search.bound import lower_bound_ms
-from embshard.planner.search.problem import RankState, build_problem
+from embshard.planner.search.problem import build_problem
+from embshard.planner.search.state import RankState
 from embshard.planner.types import Constraints, Location, Shard, ShardingType, TableConstraint
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
@@ -296,7 +297,8 @@ def test_a_cache_on_a_full_rank_moves_to_idle_hbm_elsewhere_without_lifting_the_
     caches on their own ranks only and left t0 at 1%; t0 now moves to rank 1 at a better tier (HBM or the
     largest cache that fits), and no rank ends above the maximum it had."""
     from embshard.planner.search.caches import grow_caches
-    from embshard.planner.search.problem import RankState, build_problem
+    from embshard.planner.search.problem import build_problem
+    from embshard.planner.search.state import RankState
     specs, topo, constraints = _over_hbm()
     specs = specs[:2]
     problem = build_problem(tuple(specs), topo, constraints)

@@ -22,7 +22,8 @@ from typing import Callable
 
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, place_each, replication_prepass
 from embshard.planner.search.local import local_search
-from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
+from embshard.planner.search.problem import CandVec, Problem, Unit
+from embshard.planner.search.state import RankState
 from embshard.planner.types import Location
 
 EPS = 1e-9

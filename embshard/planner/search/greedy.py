@@ -15,7 +15,8 @@ from operator import add
 
 import numpy as np
 
-from embshard.planner.search.problem import CandVec, Problem, RankState, Unit
+from embshard.planner.search.problem import CandVec, Problem, Unit
+from embshard.planner.search.state import RankState
 
 
 HOSTS_TRIED = 2  # host-bound layouts: hosts that fit and are compared

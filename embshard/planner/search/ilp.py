@@ -18,7 +18,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from embshard.planner.search.local import local_search
-from embshard.planner.search.problem import Problem, RankState
+from embshard.planner.search.problem import Problem
+from embshard.planner.search.state import RankState
 
 MAX_BINARIES = 6000
 

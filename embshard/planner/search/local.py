@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from embshard.planner.search.greedy import place_each
-from embshard.planner.search.problem import RankState
+from embshard.planner.search.state import RankState
 
 EPS = 1e-9
 NEAREST_RANKS = 24  # ranks (cheapest first) tried as destinations per shard

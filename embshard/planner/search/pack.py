@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 
 from embshard.planner.search.greedy import place
-from embshard.planner.search.problem import Problem, RankState
+from embshard.planner.search.problem import Problem
+from embshard.planner.search.state import RankState
 
 
 def _least_work_first(problem: Problem) -> list[list[int]]:

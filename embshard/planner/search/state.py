@@ -1,0 +1,256 @@
+"""The search's mutable rank state: what each rank holds of a `Problem`'s units, and its predicted time.
+
+A rank's predicted time is  sum_p max(H_p, U_p) + H_compute + E + c * K  (embshard.planner.search.problem's
+docstring: H the shards it holds, U every table's requester side, E the every-rank time, K its lookup kernels).
+`RankState` keeps those sums as placements are added, removed and moved, and prices candidate placements without
+making them (`cost_arrays_with`, `costs_after`, `floors_ms`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from embshard.planner.search.problem import CandVec, Problem, Unit
+
+
+class RankState:
+    """Mutable placement state used inside the search (never leaves it)."""
+
+    def __init__(self, problem: Problem) -> None:
+        W = problem.topo.world_size
+        self.problem = problem
+        self.H = [[0.0, 0.0, 0.0, 0.0] for _ in range(W)]
+        self.mem = [0] * W
+        self.host = [0] * W  # host-memory bytes of the shards kept there
+        self.U = [0.0, 0.0, 0.0]
+        self.E = problem.base_ms
+        self.UM = problem.base_mem
+        self.Hn = np.zeros((W, 4))  # H as an array, for the all-rank costs (kept equal to H)
+        self.held: list[dict[int, int]] = [dict() for _ in range(W)]  # rank -> {unit: shard index}
+        self.choice: list[tuple[int, tuple[int, ...]] | None] = [None] * len(problem.units)
+        self.chosen = np.full(len(problem.units), -1)  # each unit's candidate in choice (-1: not placed)
+        # lookup kernels (only tracked when they cost): shards per kernel on each rank, and
+        # data-parallel units per kernel every rank runs; K of a rank = len(kernels[r]) + len(every_kernels)
+        self.call_ms = problem.call_ms
+        self.kernels: list[dict[int, int]] = [dict() for _ in range(W)]
+        self.num_kernels = np.zeros(W)  # len(kernels[r]) per rank
+        self.every_kernels: dict[int, int] = {}
+        self.every_groups: dict[int, int] = {}  # data-parallel units per mode group; E holds each present group's cost
+        self.hosts_of: tuple[list[int], list[list[int]]] | None = None  # greedy.place's per-host split of one rank order
+        self.rushed = 0  # units greedy placed past its deadline (no host-bound candidates)
+
+    def copy(self) -> "RankState":
+        """An independent copy sharing the (immutable) problem."""
+        new = RankState.__new__(RankState)
+        new.problem = self.problem
+        new.H = [list(h) for h in self.H]
+        new.Hn = self.Hn.copy()
+        new.num_kernels = self.num_kernels.copy()
+        new.mem = list(self.mem)
+        new.host = list(self.host)
+        new.U = list(self.U)
+        new.E, new.UM = self.E, self.UM
+        new.held = [dict(h) for h in self.held]
+        new.choice = list(self.choice)
+        new.chosen = self.chosen.copy()
+        new.call_ms = self.call_ms
+        new.kernels = [dict(k) for k in self.kernels]
+        new.every_kernels = dict(self.every_kernels)
+        new.every_groups = dict(self.every_groups)
+        new.hosts_of = None
+        new.rushed = self.rushed
+        return new
+
+    def calls_ms(self, r: int) -> float:
+        """Fixed cost of the lookup kernels rank r runs (0 in the datasheet model)."""
+        return self.call_ms * (len(self.kernels[r]) + len(self.every_kernels)) if self.call_ms else 0.0
+
+    def calls_delta_ms(self, r: int, removed: tuple[int, ...] = (), added: tuple[int, ...] = ()) -> float:
+        """Change of calls_ms(r) if a shard running kernels `removed` left r and one running `added` came."""
+        if not self.call_ms:
+            return 0.0
+        k = self.kernels[r]
+        gone = sum(1 for g in removed if k.get(g) == 1 and g not in added)
+        new = sum(1 for g in added if not k.get(g) and g not in removed)
+        return self.call_ms * (new - gone)
+
+    def cost(self, r: int) -> float:
+        h, u = self.H[r], self.U
+        c = max(h[0], u[0]) + max(h[1], u[1]) + max(h[2], u[2]) + h[3] + self.E
+        return c + self.calls_ms(r) if self.call_ms else c
+
+    def cost_with(self, r: int, vec: tuple[float, ...], sign: float, kernels: tuple[int, ...] = ()) -> float:
+        """Rank r's cost if a shard (vector vec, running `kernels`) came (sign 1) or left (-1)."""
+        h, u = self.H[r], self.U
+        c = (max(h[0] + sign * vec[0], u[0]) + max(h[1] + sign * vec[1], u[1])
+             + max(h[2] + sign * vec[2], u[2]) + h[3] + sign * vec[3] + self.E)
+        if not self.call_ms:
+            return c
+        delta = self.calls_delta_ms(r, added=kernels) if sign > 0 else self.calls_delta_ms(r, removed=kernels)
+        return c + self.calls_ms(r) + delta
+
+    def costs(self) -> list[float]:
+        """Every rank's cost(r), computed over all ranks at once (the same float operations)."""
+        return self.cost_array().tolist()
+
+    def cost_array(self) -> np.ndarray:
+        """costs() as an array."""
+        h, u = self.Hn, self.U
+        c = np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3] + self.E
+        if self.call_ms:
+            c = c + self.call_ms * (self.num_kernels + len(self.every_kernels))
+        return c
+
+    def cost_array_with(self, ui: int, ci: int, ranks: tuple[int, ...]) -> np.ndarray:
+        """cost_array() with unit ui (not placed) as candidate ci on `ranks`; the state is left as it was."""
+        return self.cost_arrays_with(ui, [(ci, ranks)])[0]
+
+    def cost_arrays_with(self, ui: int, picks: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
+        """cost_array_with(ui, ci, ranks) for each (ci, ranks) of `picks`, one row each (computed at once)."""
+        cands = self.problem.units[ui].cands
+        if self.call_ms:  # kernel counts change too: place each and take it back
+            rows = []
+            for ci, ranks in picks:
+                self.add(ui, ci, ranks)
+                rows.append(self.cost_array())
+                self.add(ui, ci, ranks, -1)
+            return np.array(rows).reshape(len(picks), len(self.H))
+        cvs = [cands[ci] for ci, _ in picks]
+        h = np.repeat(self.Hn[None], len(picks), axis=0)
+        placed = [(j, ranks) for j, (_, ranks) in enumerate(picks) if ranks]
+        if placed:
+            h[[j for j, ranks in placed for _ in ranks], [r for _, ranks in placed for r in ranks]] += np.concatenate(
+                [cvs[j].shard_array for j, _ in placed])
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(picks), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
+        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
+                + h[:, :, 3] + tail[:, None])
+
+    def costs_without_shards(self, cands: list[CandVec]) -> np.ndarray:
+        """Per candidate (of a unit not placed), every rank's cost with its requester side and every-rank part
+        but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
+        rank (the same float operations on terms no larger), so a candidate this rules out needs no placing."""
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cands]).reshape(len(cands), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cands])
+        h = self.Hn
+        c = (np.maximum(h[None, :, 0], u[:, 0:1]) + np.maximum(h[None, :, 1], u[:, 1:2]) + np.maximum(h[None, :, 2], u[:, 2:3])
+             + h[None, :, 3] + tail[:, None])
+        return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
+
+    def floors_ms(self, unit: Unit) -> list[float]:
+        """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
+        over ranks, at least sum_p max(sum_r H_rp, W U_p) / W + sum_r H_r3 / W + E (kernel calls and new
+        mode groups left out). Moves and swaps keep these sums, so no moving of shards brings every rank
+        below it; a layout that lifts it above a target cannot be repaired to it. (All candidates at once.)"""
+        W = len(self.H)
+        s, u = self.Hn.sum(axis=0), self.U
+        h, q, every = unit.sums
+        return ((np.maximum(s[0] + h[:, 0], W * (u[0] + q[:, 0])) + np.maximum(s[1] + h[:, 1], W * (u[1] + q[:, 1]))
+                 + np.maximum(s[2] + h[:, 2], W * (u[2] + q[:, 2])) + s[3] + h[:, 3]) / W + self.E + every).tolist()
+
+    def _new_groups_ms(self, cv: CandVec) -> float:
+        """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
+        return sum(self.problem.group_ms[g] for g in cv.every_groups if not self.every_groups.get(g))
+
+    def cheapest_first(self, ranks: Sequence[int], costs: list[float]) -> list[int]:
+        """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
+        by the work they hold, so hidden holder load stays balanced too (a stable sort)."""
+        h = self.Hn
+        work = h[:, 0] + h[:, 1] + h[:, 2] + h[:, 3]
+        c = np.asarray(costs)
+        if len(ranks) == len(c):  # every rank (ranks are sorted: a unit's, or range)
+            order = np.lexsort((work, c))
+        else:
+            idx = np.asarray(ranks if isinstance(ranks, (list, tuple)) else list(ranks), dtype=np.int64)
+            order = idx[np.lexsort((work[idx], c[idx]))]
+        return order.tolist()
+
+    def costs_after(self, vec) -> np.ndarray:
+        """Every rank's cost if a shard with vector vec came to it (kernel calls left out); vec (n, 4): one
+        row of costs per vector, (n, W)."""
+        h, u, v = self.Hn, self.U, np.asarray(vec, dtype=float)
+        if v.ndim == 2:
+            h, v = h[None], v[:, None, :]
+        return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
+                + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
+
+    def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
+        return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
+                and (not extra_host_bytes or self.host[r] + extra_host_bytes <= self.problem.host_cap_bytes))
+
+    def fits_shard(self, r: int, cv: CandVec, i: int) -> bool:
+        """Rank r has room (HBM and host memory) for shard i of cv."""
+        return self.fits(r, cv.shard_mem[i], cv.host_mem(i))
+
+    def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
+        cv = self.problem.units[ui].cands[ci]
+        if ranks:
+            self.Hn[list(ranks)] += sign * cv.shard_array
+        for i, r in enumerate(ranks):
+            h, v = self.H[r], cv.shard_vec[i]
+            for p in range(4):
+                h[p] += sign * v[p]
+            self.mem[r] += sign * cv.shard_mem[i]
+            if cv.shard_host_mem:
+                self.host[r] += sign * cv.shard_host_mem[i]
+            if sign > 0:
+                self.held[r][ui] = i
+            else:
+                del self.held[r][ui]
+            if cv.shard_kernels:
+                self.num_kernels[r] += _count(self.kernels[r], cv.shard_kernels[i], sign)
+        for p in range(3):
+            self.U[p] += sign * cv.req_vec[p]
+        self.E += sign * cv.every_ms
+        if sign > 0:
+            self.E += self._new_groups_ms(cv)
+        _count(self.every_kernels, cv.every_kernels, sign)
+        _count(self.every_groups, cv.every_groups, sign)
+        if sign < 0:
+            self.E -= self._new_groups_ms(cv)
+        self.UM += sign * cv.every_mem
+        self.choice[ui] = (ci, ranks) if sign > 0 else None
+        self.chosen[ui] = ci if sign > 0 else -1
+
+    def remove(self, ui: int) -> tuple[int, tuple[int, ...]]:
+        choice = self.choice[ui]
+        assert choice is not None
+        self.add(ui, choice[0], choice[1], -1)
+        return choice
+
+    def move_shard(self, ui: int, shard: int, src: int, dst: int) -> None:
+        ci, ranks = self.choice[ui]
+        cv = self.problem.units[ui].cands[ci]
+        v, m = cv.shard_vec[shard], cv.shard_mem[shard]
+        for p in range(4):
+            self.H[src][p] -= v[p]
+            self.H[dst][p] += v[p]
+        self.Hn[src] -= v
+        self.Hn[dst] += v
+        self.mem[src] -= m
+        self.mem[dst] += m
+        if cv.shard_host_mem:
+            self.host[src] -= cv.shard_host_mem[shard]
+            self.host[dst] += cv.shard_host_mem[shard]
+        if cv.shard_kernels:
+            self.num_kernels[src] += _count(self.kernels[src], cv.shard_kernels[shard], -1)
+            self.num_kernels[dst] += _count(self.kernels[dst], cv.shard_kernels[shard], 1)
+        del self.held[src][ui]
+        self.held[dst][ui] = shard
+        new_ranks = list(ranks)
+        new_ranks[shard] = dst
+        self.choice[ui] = (ci, tuple(new_ranks))
+
+
+def _count(counts: dict[int, int], keys: tuple[int, ...], sign: int) -> int:
+    """Add sign to each key's count (dropping zeros); returns the change in distinct keys."""
+    before = len(counts)
+    for g in keys:
+        n = counts.get(g, 0) + sign
+        if n:
+            counts[g] = n
+        else:
+            del counts[g]
+    return len(counts) - before
