@@ -123,21 +123,22 @@ class RankState:
         if placed:
             h[[j for j, ranks in placed for _ in ranks], [r for _, ranks in placed for r in ranks]] += np.concatenate(
                 [cvs[j].shard_array for j, _ in placed])
-        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(picks), 3)
-        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
-        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
-                + h[:, :, 3] + tail[:, None])
+        return self._priced(h, cvs)
 
     def costs_without_shards(self, cands: list[CandVec]) -> np.ndarray:
         """Per candidate (of a unit not placed), every rank's cost with its requester side and every-rank part
         but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
         rank (the same float operations on terms no larger), so a candidate this rules out needs no placing."""
-        u = np.array(self.U) + np.array([cv.req_vec for cv in cands]).reshape(len(cands), 3)
-        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cands])
-        h = self.Hn
-        c = (np.maximum(h[None, :, 0], u[:, 0:1]) + np.maximum(h[None, :, 1], u[:, 1:2]) + np.maximum(h[None, :, 2], u[:, 2:3])
-             + h[None, :, 3] + tail[:, None])
+        c = self._priced(self.Hn[None], cands)
         return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
+
+    def _priced(self, h: np.ndarray, cvs: list[CandVec]) -> np.ndarray:
+        """Per candidate j, every rank's cost (kernel calls left out) from holder sums h[j] ((n, W, 4), or
+        (1, W, 4) for all alike) and the state's requester side and every-rank time with cv j's added."""
+        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(cvs), 3)
+        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
+        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
+                + h[:, :, 3] + tail[:, None])
 
     def floors_ms(self, unit: Unit) -> list[float]:
         """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
