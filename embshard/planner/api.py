@@ -156,7 +156,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         placements, method = regrouped, method + "+data_parallel_modes"
         scored_ms = regrouped_ms if regrouped_ms is not None else max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms,
-              "starts_not_kicked": polish.skipped}
+              "starts_not_kicked": polish.skipped,
+              "rebalanced": {"moves": polish.moved, "unreplicated": polish.unreplicated}}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from embshard.planner.search.greedy import place_each
+from embshard.planner.search.rebalance import sweep, unreplicate
 from embshard.planner.search.state import RankState
 
 EPS = 1e-9
@@ -354,9 +355,11 @@ class Polisher:
     def __init__(self) -> None:
         self.best_ms, self.gain = float("inf"), 1.0
         self.skipped = 0  # starts whose kicks did not run
+        self.moved, self.unreplicated = 0, 0  # by `rebalance` (over all starts)
 
     def __call__(self, state: RankState, deadline: float) -> tuple[RankState, int]:
         descended, steps = local_search(state, deadline, kicks=False)
+        descended, steps = self.rebalance(descended, deadline, steps)
         ms = max(descended.costs())
         if ms * self.gain >= self.best_ms:
             self.skipped += 1
@@ -365,6 +368,19 @@ class Polisher:
         self.gain = min(self.gain, max(kicked.costs()) / ms) if ms > 0 else self.gain
         self.best_ms = min(self.best_ms, max(kicked.costs()))
         return kicked, steps + more
+
+    def rebalance(self, state: RankState, deadline: float, steps: int) -> tuple[RankState, int]:
+        """Where the search converged: `rebalance.sweep` and `rebalance.unreplicate` (neither lifts the maximum),
+        then a descent from there when that took the maximum down (steps: the start's so far, returned with the
+        descent's added)."""
+        ms = max(state.costs())
+        self.moved += sweep(state, deadline)
+        done = unreplicate(state, deadline)
+        self.unreplicated += done
+        if done and max(state.costs()) < ms:
+            state, more = local_search(state, deadline, kicks=False)
+            steps += more
+        return state, steps
 
 
 def _revisits(state: RankState, visited: set) -> bool:
