@@ -74,7 +74,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     that places the tables that may leave HBM out of it first (`tiers_first`), and then gives the HBM
     it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). Each
     start's local search is a descent, then kicks where they may pay (`local.Polisher`; the plan's ``search`` counts
-    the ``starts_not_kicked``). The
+    the ``starts_not_kicked``), and a rebalancing of the ranks' hidden holder side and replicas (``rebalanced``:
+    shards moved and replicas made shards, embshard.planner.search.rebalance). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).

@@ -350,7 +350,9 @@ class Polisher:
     for the starts where kicks may pay. Kicks cost several times a descent (criteo_tb_measured tiered on 8 ranks:
     0.007 CPU s a descent, 0.02 to 0.04 its kicks, most of it in the last kick, which finds nothing), and only the
     best start's plan is kept: a start's kicks run when its descent, lowered by the least ratio of kicked to
-    descended maximum seen so far (`gain`), would beat the best plan polished so far (the first start's always run)."""
+    descended maximum seen so far (`gain`), would beat the best plan polished so far (the first start's always run).
+    Each start is also rebalanced (`rebalance`: embshard.planner.search.rebalance), where its kicks ended, or before
+    them when less time is left than its descent took."""
 
     def __init__(self) -> None:
         self.best_ms, self.gain = float("inf"), 1.0
