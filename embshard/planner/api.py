@@ -74,7 +74,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     that places the tables that may leave HBM out of it first (`tiers_first`), and then gives the HBM
     it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). Each
     start's local search is a descent, then kicks where they may pay (`local.Polisher`; the plan's ``search`` counts
-    the ``starts_not_kicked``). The
+    the ``starts_not_kicked``), and a rebalancing of the ranks' hidden holder side and replicas (``rebalanced``:
+    shards moved and replicas made shards, embshard.planner.search.rebalance). The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
@@ -131,6 +132,14 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         clock.lap("local_search")
         if max(packed.costs()) < max(state.costs()):
             state, method = packed, f"target packing({rounds} rounds)+local_search({steps} steps)"
+    if max(state.costs()) > good_enough and clock.left_s() <= 0:
+        clock.skip("rebalance (out of time)")
+    elif max(state.costs()) > good_enough:  # the best plan, where its kicks ended
+        before_ms = max(state.costs())
+        state, steps = polish.rebalance(state, clock.search_deadline, 0)
+        if max(state.costs()) < before_ms:
+            method += f"+rebalance+local_search({steps} steps)"
+        clock.lap("rebalance")
     if use_ilp and max(state.costs()) > bound * 1.01:
         improved, ilp_bound, note = improve_with_ilp(problem, state, time.perf_counter() + ilp_time_s)
         if improved is not None:
@@ -156,7 +165,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         placements, method = regrouped, method + "+data_parallel_modes"
         scored_ms = regrouped_ms if regrouped_ms is not None else max(p.total_ms for p in rank_perfs(specs, topology, placements, inference))
     search = {"method": method, "torchrec_compatible": torchrec_compatible, "inference": inference, "scored_ms": scored_ms,
-              "starts_not_kicked": polish.skipped}
+              "starts_not_kicked": polish.skipped,
+              "rebalanced": {"moves": polish.moved, "unreplicated": polish.unreplicated}}
     result = evaluate(specs, topology, placements, constraints, lower_bound=bound, search=search, inference=inference,
                       hot_ids_file=hot_ids_file)
     assert math.isclose(result.max_rank_ms, scored_ms, rel_tol=1e-9, abs_tol=1e-12), \
