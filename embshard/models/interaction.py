@@ -79,8 +79,9 @@ class _LowRankCross(torch.autograd.Function):
     second matmul (addmm) and x_0 * u + x_l as one addcmul. Backward, with g the gradient of x_{l+1} and
     u = W (V x_l) + b: du = g * x_0, x_0's own gradient accumulates g * u in place (one addcmul_ a layer), and
     x_l's is g + (du W) V in one addmm, in place after the first layer: two elementwise passes a layer where
-    autograd's addcmul and accumulation take five (two of them the product by addcmul's value 1); at batch
-    2048, 3 layers, rank 64: ~25% less CPU over forward and backward than TorchRec's module."""
+    autograd's addcmul and accumulation take five (two of them the product by addcmul's value 1). At batch 2048,
+    3 layers, rank 64, one thread, forward and backward (interleaved, medians of 15, a loaded 2-core machine):
+    42.3 / 41.0 ms against 47.8 / 44.3 by autograd on the same forward, 46.2 / 47.4 for TorchRec's module."""
 
     @staticmethod
     def forward(ctx: Any, x0_BN: Tensor, *params: Tensor) -> Tensor:
