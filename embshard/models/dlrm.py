@@ -25,13 +25,14 @@ from embshard.interop.torchrec import to_embedding_configs
 from embshard.models.attention import TargetAttention
 from embshard.models.config import HISTORY_FEATURE, TARGET_FEATURE, DLRMConfig
 from embshard.models.interaction import CrossInteraction, DotInteraction
+from embshard.models.linear import Linear
 from embshard.specs import TableSpec
 
 
 def mlp(in_features: int, sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, size in enumerate(sizes):
-        layers.append(nn.Linear(in_features, size))
+        layers.append(Linear(in_features, size))
         if last_activation or i < len(sizes) - 1:
             layers.append(nn.ReLU())
         in_features = size

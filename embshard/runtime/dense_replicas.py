@@ -6,7 +6,9 @@ weight gradient, as TorchRec's DDP tables do). Backward takes that gradient, or 
 output gradients into every replica's dense weight gradient, all-reduces them for all such tables of the collection in ONE flat buffer, divides
 the gradient by the world size (DDP's average) and applies each table's optimizer to all its
 rows, all blocks of one kernel and width at once (the all-reduce in the plan's
-``comms.dp_allreduce`` dtype, embshard.runtime.wire): the same update, on every replica, as the
+``comms.dp_allreduce`` dtype, embshard.runtime.wire; the all-reduce starts in backward and the optimizer runs
+when backward ends, an autograd-engine callback as DDP's, so the rest of backward overlaps the all-reduce):
+the same update, on every replica, as the
 replicated look-up (``"replicated_lookup"``, see collection.py), which instead ships ids and
 pooled gradients and looks up the global batch on every rank. A row of zero gradient (no rank
 looked it up, or its gradients cancel) is unchanged by sgd, adagrad and rowwise_adagrad; adam
@@ -25,11 +27,12 @@ each table's state whole (`table_state`). Cheaper for small tables; priced by `e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.autograd import Variable
 
 from embshard.comms import CommsPrecision
 from embshard.runtime.input_dist import Received
@@ -143,6 +146,12 @@ class DenseReplicas:
             self._sharded_update(flat, steps)
             return
         waits = wire_all_reduce_pieces_(flat, self.cuts, self.pg, self.comms.dp_allreduce)
+        # The rest of backward (the sharded tables' output dist and lookups, the bottom MLP) runs while the pieces
+        # travel; the updates run when backward ends (as DDP waits for its buckets), before loss.backward() returns.
+        Variable._execution_engine.queue_callback(lambda: self._apply_landed(flat, waits, steps))
+
+    def _apply_landed(self, flat: Tensor, waits: Sequence[Callable[[], None]], steps: Sequence[int]) -> None:
+        """Each stack's rows' optimizer step, as soon as the all-reduce pieces they read have landed."""
         landed = 0
         with torch.no_grad():
             for unit in self.units:  # each as soon as the pieces it reads have landed
