@@ -96,7 +96,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     problem = build_problem(specs, topology, constraints, torchrec_compatible, inference, clock.start + ENUMERATE_SHARE * time_budget_s,
                             hot_rows=bool(hot_ids_file))
     if problem.unsplit_for_time:
-        clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or replicated)")
+        clock.skip(f"splits of {problem.unsplit_for_time} tables (out of time in enumeration; they stay whole or "
+                   "replicated, and the lower bound covers the layouts enumerated: a plan with their splits may beat it)")
     check_memory(problem)
     clock.reserve_report(clock.lap("enumerate"))
     bound_limit_s = clock.bound_limit_s(BOUND_SHARE)
