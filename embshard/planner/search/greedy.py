@@ -235,22 +235,27 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         by_cost = state.cheapest_first(unit.ranks, costs)
         rushed = time.perf_counter() > deadline
         best = None
+        used_mem, least_mem = sum(state.mem), min(state.mem)
         for no_host_bound in ((True, False) if rushed else (False,)):
             for ci, cv in enumerate(unit.cands):
                 if no_host_bound and cv.host_bound:
                     continue
-                pick = place(state, unit, cv, by_cost, costs)
+                shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
+                work = cv.work_ms + W * shift
+                floor = max(cur_max + shift, (total + work + remaining) / W)  # its score whatever ranks it takes
+                if best is not None and (floor, work) >= best[0]:  # its key is no lower: placing it cannot win
+                    continue
                 # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a
                 # largest later shard per rank (else HBM filled to the byte strands small tables that fit no rank)
-                if pick is None or ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + sum(state.mem)
-                                    + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
-                        cv.every_mem and state.UM + cv.every_mem + min(state.mem) + need > problem.cap_bytes):
+                if ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + used_mem
+                        + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
+                        cv.every_mem and state.UM + cv.every_mem + least_mem + need > problem.cap_bytes):
                     continue
-                shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
+                pick = place(state, unit, cv, by_cost, costs)
+                if pick is None:
+                    continue
                 touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)
-                work = cv.work_ms + W * shift
-                score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
-                key = (score, work)
+                key = (max(touched + shift, floor), work)
                 if best is None or key < best[0]:
                     best = (key, ci, pick, work)
             if best is not None:

@@ -90,7 +90,7 @@ class CandVec:
     def label(self) -> str:
         return self.cand[0].label
 
-    @property
+    @cached_property
     def work_ms(self) -> float:
         """Lower bound of the total rank-time this candidate adds across all ranks (holder side)."""
         return sum(self.shard_cost)
