@@ -129,39 +129,54 @@ def _move_destinations(state: RankState, r: int, held: list[tuple[int, int]], cv
 def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
     """Swap one of r's largest shards with a smaller shard of a cheap rank.
 
-    Pairs that cannot fit under the destination's slack are skipped without costing them.
+    Pairs that cannot fit under the destination's slack are skipped without costing them; r's time with a
+    pair is costed first, and q's only where r's does not already rule the pair out (the same values as
+    `_cost_delta` for both, and the same pair wins).
     """
     cmax = costs[r]
     units = state.problem.units
     cap = state.problem.cap_bytes - state.UM
     host_cap = state.problem.host_cap_bytes
-    mine = sorted(state.held[r].items(), key=lambda it: -units[it[0]].cands[state.choice[it[0]][0]].shard_cost[it[1]])[:SWAP_SHARDS]
+    held = [(ui, si, units[ui].cands[state.choice[ui][0]]) for ui, si in state.held[r].items()]
+    mine = sorted(held, key=lambda it: -it[2].shard_cost[it[1]])[:SWAP_SHARDS]
+    call_ms = state.call_ms
+    u0, u1, u2 = state.U
+    E = state.E
+    hr = state.H[r]
+    # per shard of r: its unit, index, cost, vector, bytes, host bytes, kernels, and r's all-to-all holder sums without it
+    mine = [(ui, si, cv.shard_cost[si], v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
+             hr[0] - v[0], hr[1] - v[1], hr[2] - v[2])
+            for ui, si, cv in mine for v in (cv.shard_vec[si],)]
     best = None
     for q in by_cost[:SWAP_RANKS]:
         slack = cmax - costs[q]
         if q == r or slack <= EPS:
             continue
-        theirs = [(uj, sj, units[uj].cands[state.choice[uj][0]]) for uj, sj in state.held[q].items()]
-        for ui, si in mine:
-            cv = units[ui].cands[state.choice[ui][0]]
-            c_i, v, m = cv.shard_cost[si], cv.shard_vec[si], cv.shard_mem[si]
+        hq = state.H[q]
+        theirs = [(uj, sj, cw.shard_cost[sj], w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
+                   hq[0] - w[0], hq[1] - w[1], hq[2] - w[2])
+                  for uj, sj in state.held[q].items() if _allowed(state, uj, sj, q, r)
+                  for cw in (units[uj].cands[state.choice[uj][0]],) for w in (cw.shard_vec[sj],)]
+        if not theirs:
+            continue
+        for ui, si, c_i, v, m, hi, k_i, a0, a1, a2 in mine:
             if not _allowed(state, ui, si, r, q):
                 continue
-            for uj, sj, cw in theirs:
-                c_j = cw.shard_cost[sj]
+            for uj, sj, c_j, w, mw, hj, k_j, b0, b1, b2 in theirs:
                 # q's time grows by at least v's compute minus all of w (necessary condition)
-                if c_j >= c_i or v[3] - c_j >= slack or not _allowed(state, uj, sj, q, r):
+                if c_j >= c_i or v[3] - c_j >= slack:
                     continue
-                mw = cw.shard_mem[sj]
                 if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
                     continue
-                hi, hj = cv.host_mem(si), cw.host_mem(sj)
                 if (hi or hj) and (state.host[q] - hj + hi > host_cap or state.host[r] - hi + hj > host_cap):
                     continue
-                w = cw.shard_vec[sj]
-                k_i = cv.shard_kernels[si] if cv.shard_kernels else ()
-                k_j = cw.shard_kernels[sj] if cw.shard_kernels else ()
-                val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
+                if call_ms:
+                    val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
+                else:  # _cost_delta's float operations, r's side first
+                    val = max(a0 + w[0], u0) + max(a1 + w[1], u1) + max(a2 + w[2], u2) + hr[3] - v[3] + w[3] + E
+                    if val >= cmax - EPS or (best is not None and val >= best[0]):
+                        continue
+                    val = max(val, max(b0 + v[0], u0) + max(b1 + v[1], u1) + max(b2 + v[2], u2) + hq[3] - w[3] + v[3] + E)
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q, uj, sj)
     if best is None:

@@ -191,15 +191,21 @@ class RankState:
             self.Hn[list(ranks)] += sign * cv.shard_array
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
-            for p in range(4):
-                h[p] += sign * v[p]
+            if sign > 0:
+                h[0] += v[0]
+                h[1] += v[1]
+                h[2] += v[2]
+                h[3] += v[3]
+                self.held[r][ui] = i
+            else:
+                h[0] -= v[0]
+                h[1] -= v[1]
+                h[2] -= v[2]
+                h[3] -= v[3]
+                del self.held[r][ui]
             self.mem[r] += sign * cv.shard_mem[i]
             if cv.shard_host_mem:
                 self.host[r] += sign * cv.shard_host_mem[i]
-            if sign > 0:
-                self.held[r][ui] = i
-            else:
-                del self.held[r][ui]
             if cv.shard_kernels:
                 self.num_kernels[r] += _count(self.kernels[r], cv.shard_kernels[i], sign)
         for p in range(3):
@@ -225,9 +231,9 @@ class RankState:
         ci, ranks = self.choice[ui]
         cv = self.problem.units[ui].cands[ci]
         v, m = cv.shard_vec[shard], cv.shard_mem[shard]
-        for p in range(4):
-            self.H[src][p] -= v[p]
-            self.H[dst][p] += v[p]
+        hs, hd = self.H[src], self.H[dst]
+        hs[0], hs[1], hs[2], hs[3] = hs[0] - v[0], hs[1] - v[1], hs[2] - v[2], hs[3] - v[3]
+        hd[0], hd[1], hd[2], hd[3] = hd[0] + v[0], hd[1] + v[1], hd[2] + v[2], hd[3] + v[3]
         self.Hn[src] -= v
         self.Hn[dst] += v
         self.mem[src] -= m
