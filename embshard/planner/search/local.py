@@ -68,9 +68,9 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     if not held:
         return False
     V = np.array([cv.shard_vec[si] for cv, (_, si) in zip(cvs, held)])  # (shards, 4)
-    u, Hn = state.U, state.Hn
-    to = (np.maximum(Hn[None, :, 0] + V[:, None, 0], u[0]) + np.maximum(Hn[None, :, 1] + V[:, None, 1], u[1])
-          + np.maximum(Hn[None, :, 2] + V[:, None, 2], u[2]) + Hn[None, :, 3] + V[:, None, 3] + state.E)
+    Hn = state.Hn
+    a2a = np.maximum(Hn[None, :, :3] + V[:, None, :3], np.array(state.U))  # (shards, ranks, phases)
+    to = a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + Hn[None, :, 3] + V[:, None, 3] + state.E
     if state.call_ms:
         to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
