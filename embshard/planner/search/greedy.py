@@ -54,11 +54,18 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
     """For each candidate ci of unit ui (not placed) that fits: (ci, the ranks `place(..., after=True,
     ceiling=ceiling)` gives it, every rank's cost with it there: `RankState.cost_array_with`), the same values
     as one call each (the orderings and the cost arrays are computed for all candidates at once)."""
+    if not cis:
+        return []
     unit = state.problem.units[ui]
     cvs = [unit.cands[ci] for ci in cis]
     fits = [_replica_fits(state, cv) for cv in cvs]
     sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
-    ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost))) if sharded and by_cost else {}
+    ranked, above = {}, set()
+    if sharded and by_cost:
+        ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost)))
+        if ceiling < float("inf"):  # `_above` of every candidate at once
+            out = _above(np.array([ranked[j][1] for j in sharded]), ceiling).tolist()
+            above = {j for j, o in zip(sharded, out) if o}
     picks = []
     for j, cv in enumerate(cvs):
         if not fits[j]:
@@ -66,9 +73,9 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
         if cv.data_parallel:
             picks.append((cis[j], ()))
             continue
-        order, after_costs = ranked.get(j, (by_cost, costs))
-        if j in ranked and _above(after_costs, ceiling):
+        if j in above:
             continue
+        order, after_costs = ranked.get(j, (by_cost, costs))
         pick = _place_ranked(state, cv, order, after_costs)
         if pick is not None:
             picks.append((cis[j], pick))
@@ -81,10 +88,10 @@ def _replica_fits(state: RankState, cv: CandVec) -> bool:
     return not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes)
 
 
-def _above(costs_after: np.ndarray, ceiling: float) -> bool:
+def _above(costs_after: np.ndarray, ceiling: float):
     """Every rank is above the ceiling with the candidate's largest shard (rounding apart: costs_after sums
-    in another order than the cost functions)."""
-    return costs_after.min() > ceiling * (1 + 1e-9)
+    in another order than the cost functions); costs_after (candidates, ranks): one answer per candidate."""
+    return costs_after.min(axis=-1) > ceiling * (1 + 1e-9)
 
 
 def _ranked_after(state: RankState, cvs: list[CandVec], by_cost: list[int]) -> list[tuple[list[int], np.ndarray]]:

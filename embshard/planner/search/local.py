@@ -245,8 +245,9 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
         if cis:  # nor is one whose ranks, before its shards come, are as high as the maximum and too high to smooth it
             least = state.costs_without_shards([units[ui].cands[ci] for ci in cis])
-            high, smooth = least.max(axis=1) >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
-            cis = [ci for ci, out in zip(cis, high & ~(smooth & (least.max(axis=1) <= ceiling))) if not out]
+            top = least.max(axis=1)
+            high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
+            cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]
         placed = place_each(state, ui, cis, by_cost, base, ceiling=ceiling)
         best = None
         if placed:

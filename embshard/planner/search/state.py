@@ -136,7 +136,7 @@ class RankState:
         """Per candidate j, every rank's cost (kernel calls left out) from holder sums h[j] ((n, W, 4), or
         (1, W, 4) for all alike) and the state's requester side and every-rank time with cv j's added."""
         u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(cvs), 3)
-        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
+        tail = np.array([self.E + cv.every_ms + (self._new_groups_ms(cv) if cv.every_groups else 0) for cv in cvs])
         return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
                 + h[:, :, 3] + tail[:, None])
 
