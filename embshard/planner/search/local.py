@@ -147,16 +147,22 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     mine = [(ui, si, cv.shard_cost[si], v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
              hr[0] - v[0], hr[1] - v[1], hr[2] - v[2])
             for ui, si, cv in mine for v in (cv.shard_vec[si],)]
+    if not mine:
+        return False
+    costliest, least_compute = max(m[2] for m in mine), min(m[3][3] for m in mine)
     best = None
     for q in by_cost[:SWAP_RANKS]:
         slack = cmax - costs[q]
         if q == r or slack <= EPS:
             continue
         hq = state.H[q]
-        theirs = [(uj, sj, cw.shard_cost[sj], w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
+        # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
+        theirs = [(uj, sj, c_j, w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
                    hq[0] - w[0], hq[1] - w[1], hq[2] - w[2])
-                  for uj, sj in state.held[q].items() if _allowed(state, uj, sj, q, r)
-                  for cw in (units[uj].cands[state.choice[uj][0]],) for w in (cw.shard_vec[sj],)]
+                  for uj, sj in state.held[q].items()
+                  for cw in (units[uj].cands[state.choice[uj][0]],) for c_j in (cw.shard_cost[sj],)
+                  if c_j < costliest and least_compute - c_j < slack and _allowed(state, uj, sj, q, r)
+                  for w in (cw.shard_vec[sj],)]
         if not theirs:
             continue
         for ui, si, c_i, v, m, hi, k_i, a0, a1, a2 in mine:

@@ -187,8 +187,10 @@ class RankState:
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
-        if ranks:
-            self.Hn[list(ranks)] += sign * cv.shard_array
+        if ranks and sign > 0:
+            self.Hn[list(ranks)] += cv.shard_array
+        elif ranks:
+            self.Hn[list(ranks)] -= cv.shard_array
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
             if sign > 0:
@@ -211,12 +213,14 @@ class RankState:
         for p in range(3):
             self.U[p] += sign * cv.req_vec[p]
         self.E += sign * cv.every_ms
-        if sign > 0:
-            self.E += self._new_groups_ms(cv)
-        _count(self.every_kernels, cv.every_kernels, sign)
-        _count(self.every_groups, cv.every_groups, sign)
-        if sign < 0:
-            self.E -= self._new_groups_ms(cv)
+        if cv.every_kernels:
+            _count(self.every_kernels, cv.every_kernels, sign)
+        if cv.every_groups:  # (a group's fixed cost comes with its first unit and goes with its last)
+            if sign > 0:
+                self.E += self._new_groups_ms(cv)
+            _count(self.every_groups, cv.every_groups, sign)
+            if sign < 0:
+                self.E -= self._new_groups_ms(cv)
         self.UM += sign * cv.every_mem
         self.choice[ui] = (ci, ranks) if sign > 0 else None
         self.chosen[ui] = ci if sign > 0 else -1
