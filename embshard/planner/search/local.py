@@ -67,14 +67,15 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
             new_r.append(c)
     if not held:
         return False
-    V = np.array([cv.shard_vec[si] for cv, (_, si) in zip(cvs, held)])  # (shards, 4)
+    X = np.array([(*cv.shard_vec[si], c) for cv, (_, si), c in zip(cvs, held, new_r)])  # (shards, 4 + r's time without it)
+    V = X[:, :4]
     Hn = state.Hn
     a2a = np.maximum(Hn[None, :, :3] + V[:, None, :3], np.array(state.U))  # (shards, ranks, phases)
     to = a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + Hn[None, :, 3] + V[:, None, 3] + state.E
     if state.call_ms:
         to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
-    val = np.maximum(np.array(new_r)[:, None], to)
+    val = np.maximum(X[:, 4:5], to)
     ok = _move_destinations(state, r, held, cvs) & (np.asarray(costs) < cmax - EPS)
     position = None
     if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
@@ -86,11 +87,10 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         tried[rows, order] = np.cumsum(ok[rows, order], axis=1) <= NEAREST_RANKS
         ok &= tried
     ok &= val < cmax - EPS
-    M = np.array([cv.shard_mem[si] for cv, (_, si) in zip(cvs, held)])
-    ok &= np.asarray(state.mem) + M[:, None] + state.UM <= state.problem.cap_bytes
-    HM = np.array([cv.host_mem(si) for cv, (_, si) in zip(cvs, held)])
-    if HM.any():
-        ok &= (HM[:, None] == 0) | (np.asarray(state.host) + HM[:, None] <= state.problem.host_cap_bytes)
+    M = np.array([(cv.shard_mem[si], cv.host_mem(si)) for cv, (_, si) in zip(cvs, held)])  # (shards, HBM and host bytes)
+    ok &= np.asarray(state.mem) + M[:, 0:1] + state.UM <= state.problem.cap_bytes
+    if M[:, 1].any():
+        ok &= (M[:, 1:2] == 0) | (np.asarray(state.host) + M[:, 1:2] <= state.problem.host_cap_bytes)
     if not ok.any():
         return False
     val = np.where(ok, val, np.inf)
