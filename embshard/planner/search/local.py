@@ -110,19 +110,16 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
 
 def _move_destinations(state: RankState, r: int, held: list[tuple[int, int]], cvs: list) -> np.ndarray:
     """(shards of r, ranks): may the shard live there instead (`_allowed`)."""
-    W, topo = len(state.H), state.problem.topo
-    out = np.ones((len(held), W), dtype=bool)
-    rows, cols = [], []
+    W, topo, units = len(state.H), state.problem.topo, state.problem.units
+    taken = [i * W + q for i, (ui, _) in enumerate(held) for q in state.choice[ui][1]]  # a unit has one shard per rank
+    out = np.ones(len(held) * W, dtype=bool)
+    out[taken] = False
+    out = out.reshape(len(held), W)
     for i, ((ui, _), cv) in enumerate(zip(held, cvs)):
-        ranks = state.choice[ui][1]  # a unit has one shard per rank
-        rows += [i] * len(ranks)
-        cols += ranks
-        unit = state.problem.units[ui]
-        if len(unit.ranks) != W:
-            out[i] &= np.isin(np.arange(W), unit.ranks)
+        if len(units[ui].ranks) != W:
+            out[i] &= np.isin(np.arange(W), units[ui].ranks)
         if cv.host_bound:
             out[i] &= np.arange(W) // topo.local_world_size == topo.host_of(r)
-    out[rows, cols] = False
     return out
 
 
