@@ -97,8 +97,9 @@ class RankState:
 
     def cost_array(self) -> np.ndarray:
         """costs() as an array."""
-        h, u = self.Hn, self.U
-        c = np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3] + self.E
+        h = self.Hn
+        a2a = np.maximum(h[:, :3], self.U)  # each all-to-all phase: max(H_p, U_p)
+        c = a2a[:, 0] + a2a[:, 1] + a2a[:, 2] + h[:, 3] + self.E
         if self.call_ms:
             c = c + self.call_ms * (self.num_kernels + len(self.every_kernels))
         return c
@@ -137,8 +138,8 @@ class RankState:
         (1, W, 4) for all alike) and the state's requester side and every-rank time with cv j's added."""
         u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(cvs), 3)
         tail = np.array([self.E + cv.every_ms + (self._new_groups_ms(cv) if cv.every_groups else 0) for cv in cvs])
-        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
-                + h[:, :, 3] + tail[:, None])
+        a2a = np.maximum(h[:, :, :3], u[:, None, :])
+        return a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + h[:, :, 3] + tail[:, None]
 
     def floors_ms(self, unit: Unit) -> list[float]:
         """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
@@ -174,8 +175,8 @@ class RankState:
         h, u, v = self.Hn, self.U, np.asarray(vec, dtype=float)
         if v.ndim == 2:
             h, v = h[None], v[:, None, :]
-        return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
-                + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
+        a2a = np.maximum(h[..., :3] + v[..., :3], u)
+        return a2a[..., 0] + a2a[..., 1] + a2a[..., 2] + h[..., 3] + (v[..., 3] + self.E)
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
