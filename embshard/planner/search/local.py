@@ -140,21 +140,24 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     u0, u1, u2 = state.U
     E = state.E
     hr = state.H[r]
-    # per shard of r: its unit, index, cost, vector, bytes, host bytes, kernels, and r's all-to-all holder sums without it
-    mine = [(ui, si, cv.shard_cost[si], v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
+    mem_r, host_r = state.mem[r], state.host[r]
+    # per shard of r: its unit, index, cost, vector (and its parts), bytes, host bytes, kernels, and r's all-to-all
+    # holder sums without it
+    mine = [(ui, si, cv.shard_cost[si], v, *v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
              hr[0] - v[0], hr[1] - v[1], hr[2] - v[2])
             for ui, si, cv in mine for v in (cv.shard_vec[si],)]
     if not mine:
         return False
-    costliest, least_compute = max(m[2] for m in mine), min(m[3][3] for m in mine)
+    costliest, least_compute = max(m[2] for m in mine), min(m[7] for m in mine)
     best = None
     for q in by_cost[:SWAP_RANKS]:
         slack = cmax - costs[q]
         if q == r or slack <= EPS:
             continue
         hq = state.H[q]
+        mem_q, host_q = state.mem[q], state.host[q]
         # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
-        theirs = [(uj, sj, c_j, w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
+        theirs = [(uj, sj, c_j, w, *w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
                    hq[0] - w[0], hq[1] - w[1], hq[2] - w[2])
                   for uj, sj in state.held[q].items()
                   for cw in (units[uj].cands[state.choice[uj][0]],) for c_j in (cw.shard_cost[sj],)
@@ -162,24 +165,24 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
                   for w in (cw.shard_vec[sj],)]
         if not theirs:
             continue
-        for ui, si, c_i, v, m, hi, k_i, a0, a1, a2 in mine:
+        for ui, si, c_i, v, v0, v1, v2, v3, m, hi, k_i, a0, a1, a2 in mine:
             if not _allowed(state, ui, si, r, q):
                 continue
-            for uj, sj, c_j, w, mw, hj, k_j, b0, b1, b2 in theirs:
+            for uj, sj, c_j, w, w0, w1, w2, w3, mw, hj, k_j, b0, b1, b2 in theirs:
                 # q's time grows by at least v's compute minus all of w (necessary condition)
-                if c_j >= c_i or v[3] - c_j >= slack:
+                if c_j >= c_i or v3 - c_j >= slack:
                     continue
-                if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
+                if mem_q - mw + m > cap or mem_r - m + mw > cap:
                     continue
-                if (hi or hj) and (state.host[q] - hj + hi > host_cap or state.host[r] - hi + hj > host_cap):
+                if (hi or hj) and (host_q - hj + hi > host_cap or host_r - hi + hj > host_cap):
                     continue
                 if call_ms:
                     val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
                 else:  # _cost_delta's float operations, r's side first
-                    val = max(a0 + w[0], u0) + max(a1 + w[1], u1) + max(a2 + w[2], u2) + hr[3] - v[3] + w[3] + E
+                    val = max(a0 + w0, u0) + max(a1 + w1, u1) + max(a2 + w2, u2) + hr[3] - v3 + w3 + E
                     if val >= cmax - EPS or (best is not None and val >= best[0]):
                         continue
-                    val = max(val, max(b0 + v[0], u0) + max(b1 + v[1], u1) + max(b2 + v[2], u2) + hq[3] - w[3] + v[3] + E)
+                    val = max(val, max(b0 + v0, u0) + max(b1 + v1, u1) + max(b2 + v2, u2) + hq[3] - w3 + v3 + E)
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q, uj, sj)
     if best is None:
