@@ -149,8 +149,8 @@ class RankState:
         W = len(self.H)
         s, u = self.Hn.sum(axis=0), self.U
         h, q, every = unit.sums
-        return ((np.maximum(s[0] + h[:, 0], W * (u[0] + q[:, 0])) + np.maximum(s[1] + h[:, 1], W * (u[1] + q[:, 1]))
-                 + np.maximum(s[2] + h[:, 2], W * (u[2] + q[:, 2])) + s[3] + h[:, 3]) / W + self.E + every).tolist()
+        a2a = np.maximum(s[:3] + h[:, :3], W * (np.array(u) + q))  # (candidates, phases)
+        return ((a2a[:, 0] + a2a[:, 1] + a2a[:, 2] + s[3] + h[:, 3]) / W + self.E + every).tolist()
 
     def _new_groups_ms(self, cv: CandVec) -> float:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
