@@ -113,6 +113,10 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         columns = dict(zip(keys, parts_of))
     flat = {}
     for key, parts in columns.items():
+        if len(parts) == 1:  # (the sums below of one part)
+            vec, storage = perf_vector(parts[0].perf), parts[0].storage
+            flat[key] = (vec, sum(vec), storage.total_bytes, storage.host_bytes)
+            continue
         vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
         flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts), sum(sc.storage.host_bytes for sc in parts))
     # per shard (the per-shard work in C); none for a data-parallel candidate
