@@ -233,6 +233,17 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
     return out
 
 
+def _least_with_shards(least: np.ndarray, cands: list) -> np.ndarray:
+    """Per candidate, every rank's cost without its shards (`least`, a row each) sorted, with its shards' compute times
+    added, the largest to the cheapest rank: no placement on distinct ranks has a lower maximum or smooth maximum
+    (a shard lifts its rank at least by its compute time; pairing the largest with the cheapest minimises both, the
+    potential being convex), rounding apart (the margin of 1e-12 below)."""
+    out = np.sort(least, axis=1)
+    for row, cv in zip(out, cands):
+        row[:cv.num_shards] += cv.compute_desc
+    return out * (1 - 1e-12)
+
+
 def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 8) -> bool:
     """Re-shard the first of r's target units with a candidate that lowers the smooth maximum
     (lifting the maximum at most MAX_RISE) or lowers the maximum (a finer column split of a hot
@@ -249,8 +260,9 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         floors = state.floors_ms(units[ui])
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
-        if cis:  # nor is one whose ranks, before its shards come, are as high as the maximum and too high to smooth it
-            least = state.costs_without_shards([units[ui].cands[ci] for ci in cis])
+        if cis:  # nor is one whose ranks, at their least with its shards, are as high as the maximum and too high to smooth it
+            cands = [units[ui].cands[ci] for ci in cis]
+            least = _least_with_shards(state.costs_without_shards(cands), cands)
             top = least.max(axis=1)
             high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
             cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]

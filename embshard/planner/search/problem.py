@@ -86,6 +86,11 @@ class CandVec:
         """Shard indexes, the costliest first (a stable sort)."""
         return sorted(range(len(self.shard_cost)), key=lambda i: -self.shard_cost[i])
 
+    @cached_property
+    def compute_desc(self) -> np.ndarray:
+        """The shards' compute times (their vectors' last part), largest first."""
+        return np.sort(self.shard_array[:, 3])[::-1] if self.shard_vec else np.zeros(0)
+
     @property
     def label(self) -> str:
         return self.cand[0].label
