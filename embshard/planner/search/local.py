@@ -233,14 +233,13 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
     return out
 
 
-def _least_with_shards(least: np.ndarray, cands: list) -> np.ndarray:
+def _least_with_shards(least: np.ndarray, compute_desc: np.ndarray) -> np.ndarray:
     """Per candidate, every rank's cost without its shards (`least`, a row each) sorted, with its shards' compute times
-    added, the largest to the cheapest rank: no placement on distinct ranks has a lower maximum or smooth maximum
-    (a shard lifts its rank at least by its compute time; pairing the largest with the cheapest minimises both, the
-    potential being convex), rounding apart (the margin of 1e-12 below)."""
+    (`Unit.compute_desc`'s rows) added, the largest to the cheapest rank: no placement on distinct ranks has a lower
+    maximum or smooth maximum (a shard lifts its rank at least by its compute time; pairing the largest with the
+    cheapest minimises both, the potential being convex), rounding apart (the margin of 1e-12 below)."""
     out = np.sort(least, axis=1)
-    for row, cv in zip(out, cands):
-        row[:cv.num_shards] += cv.compute_desc
+    out[:, :compute_desc.shape[1]] += compute_desc
     return out * (1 - 1e-12)
 
 
@@ -261,8 +260,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
         if cis:  # nor is one whose ranks, at their least with its shards, are as high as the maximum and too high to smooth it
-            cands = [units[ui].cands[ci] for ci in cis]
-            least = _least_with_shards(state.costs_without_shards(cands), cands)
+            least = _least_with_shards(state.costs_without_shards([units[ui].cands[ci] for ci in cis]), units[ui].compute_desc[cis])
             top = least.max(axis=1)
             high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
             cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]

@@ -86,11 +86,6 @@ class CandVec:
         """Shard indexes, the costliest first (a stable sort)."""
         return sorted(range(len(self.shard_cost)), key=lambda i: -self.shard_cost[i])
 
-    @cached_property
-    def compute_desc(self) -> np.ndarray:
-        """The shards' compute times (their vectors' last part), largest first."""
-        return np.sort(self.shard_array[:, 3])[::-1] if self.shard_vec else np.zeros(0)
-
     @property
     def label(self) -> str:
         return self.cand[0].label
@@ -170,6 +165,15 @@ class Unit:
         """Per candidate, as arrays: its holder_sums (C, 4), req_vec (C, 3) and every_ms (C,)."""
         return (np.array([cv.holder_sums for cv in self.cands]).reshape(-1, 4), np.array([cv.req_vec for cv in self.cands]).reshape(-1, 3),
                 np.array([cv.every_ms for cv in self.cands]))
+
+    @cached_property
+    def compute_desc(self) -> np.ndarray:
+        """Per candidate, its shards' compute times (their vectors' last part), largest first, padded with zeros
+        to the most shards of any candidate: (C, shards)."""
+        out = np.zeros((len(self.cands), max(cv.num_shards for cv in self.cands)))
+        for row, cv in zip(out, self.cands):
+            row[:cv.num_shards] = sorted((v[3] for v in cv.shard_vec), reverse=True)
+        return out
 
     @property
     def name(self) -> str:
