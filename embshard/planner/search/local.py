@@ -254,8 +254,6 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
     ceiling = cmax * (1 + MAX_RISE)
     for ui in _reshard_targets(state, r, max_units):
         old = state.remove(ui)
-        base = state.costs()
-        by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui])
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
@@ -264,8 +262,10 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
             top = least.max(axis=1)
             high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
             cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]
-        placed = place_each(state, ui, cis, by_cost, base, ceiling=ceiling)
-        best = None
+        best, placed = None, []
+        if cis:
+            base = state.costs()
+            placed = place_each(state, ui, cis, state.cheapest_first(units[ui].ranks, base), base, ceiling=ceiling)
         if placed:
             new_costs = np.array([arr for _, _, arr in placed])
             for (ci, pick, _), after, new_max in zip(placed, _potentials(new_costs, cmax).tolist(), new_costs.max(axis=1).tolist()):
@@ -291,17 +291,17 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         if time.perf_counter() > deadline:
             return None
         old = state.remove(ui)
-        base = state.costs()
-        by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui])
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
         # (below a floor of cmax, moves and swaps cannot bring every rank below cmax)
         cis = [ci for ci, f in enumerate(floors) if f < cmax]
         if cis:  # nor can one that holds r at the maximum before its shards come take r below it
             cis = [ci for ci, c in zip(cis, state.costs_without_shards([units[ui].cands[ci] for ci in cis])[:, r]) if c < cmax - EPS]
-        for ci, pick, new_costs in place_each(state, ui, cis, by_cost, base):
-            if new_costs[r] < cmax - EPS:
-                layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
+        if cis:
+            base = state.costs()
+            for ci, pick, new_costs in place_each(state, ui, cis, state.cheapest_first(units[ui].ranks, base), base):
+                if new_costs[r] < cmax - EPS:
+                    layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
         state.add(ui, old[0], old[1])
         for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
             if time.perf_counter() > deadline:
