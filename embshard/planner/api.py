@@ -10,6 +10,8 @@ one imported from TorchRec are scored by exactly the same code.
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import time
 from dataclasses import replace
@@ -48,6 +50,25 @@ BOUND_MIN_SHARE = 0.5
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
+def _without_cycle_collection(fn):
+    """fn with Python's cyclic garbage collector paused while it runs (as it was if the caller paused it).
+    Planning allocates and frees millions of small objects (candidates, costs, search states) that hold no
+    reference cycles, so refcounting frees them all; the collector's passes, triggered by the allocation
+    counts, find nothing, yet each full pass walks every object of the process: 0.1 to 0.25 CPU s with torch
+    and torchrec imported (373,000 objects; criteo_tb_measured tiered plans in about 0.15 s)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return run
+
+
+@_without_cycle_collection
 def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraints | None = None, *,
          time_budget_s: float = 10.0, use_ilp: bool = False, ilp_time_s: float = 1.0,
          torchrec_compatible: bool = False, inference: bool = False, comms: CommsPrecision | None = None,

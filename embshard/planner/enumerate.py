@@ -25,7 +25,7 @@ from dataclasses import replace
 from itertools import product
 
 from embshard.planner.cost.hot_rows import hot_row_counts, hot_split
-from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, requester_perf
+from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, relocated_perf, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, cache_rows
 from embshard.planner.splits import col_splits, row_splits
@@ -83,16 +83,20 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
 
 
 def _shard_costs(spec: TableSpec, topo: Topology, stype: ShardingType, rows: tuple, cols: tuple, num_shards: int,
-                 inference: bool, location: Location, cache_fraction: float) -> tuple[ShardCost, ...]:
-    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once)."""
+                 inference: bool, location: Location, cache_fraction: float,
+                 elsewhere: tuple[ShardCost, ...] = ()) -> tuple[ShardCost, ...]:
+    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once);
+    elsewhere: the same blocks' costs at another location, whose perf only the lookup changes (`relocated_perf`)."""
     phases = forward_only if inference else (lambda p: p)
     heights, widths = [n for _, n in rows], [d for _, d in cols]
+    other = dict(zip(product(heights, widths), elsewhere))
     costed: dict[tuple[int, int], ShardCost] = {}
     for n in set(heights):  # a row split has at most two block heights: the per-shard work is in C (product, map)
         c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
         for d in set(widths):
-            costed[(n, d)] = ShardCost(phases(holder_perf(spec, topo, stype, n, d, num_shards, location, c)),
-                                       holder_storage(spec, topo, stype, n, d, inference, location, c))
+            perf = (relocated_perf(other[(n, d)].perf, spec, topo, n, d, location, c) if other
+                    else holder_perf(spec, topo, stype, n, d, num_shards, location, c))
+            costed[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, stype, n, d, inference, location, c))
     return tuple(map(costed.__getitem__, product(heights, widths)))
 
 
@@ -105,7 +109,7 @@ def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: b
             continue
         k = len(c.col_spans) if c.sharding_type.splits_cols else len(c.row_spans)
         for location, fraction in [(Location.UVM_CACHE, f) for f in CACHE_FRACTIONS] + [(Location.HOST, 0.0)]:
-            shards = _shard_costs(spec, topo, c.sharding_type, c.row_spans, c.col_spans, k, inference, location, fraction)
+            shards = _shard_costs(spec, topo, c.sharding_type, c.row_spans, c.col_spans, k, inference, location, fraction, c.shards)
             out.append(replace(c, shards=shards, location=location, cache_fraction=fraction))
     return out
 

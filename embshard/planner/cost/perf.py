@@ -214,13 +214,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     """Time the rank holding one shard (at `location`, with a cache of num_cache_rows rows) spends on it."""
     assert stype is not ShardingType.DATA_PARALLEL
     G, F = topo.global_batch_size, spec.num_features
-    ids_total = G * spec.pooling_factor * F
-    share = num_rows / spec.num_embeddings
-    ids = ids_total * share  # ids routed to this shard (all of them unless rows are split)
-    if spec.pooled:
-        out_rows = G * F  # row shards emit a partial sum for every bag
-    else:
-        out_rows = ids
+    ids, out_rows = _shard_ids(spec, topo, num_rows)
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
     fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
@@ -247,6 +241,23 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
         output_dist_bwd_ms=out_ms[1] + assemble_ms,
         lookup_bwd_ms=bwd,
     ), topo, Perf(input_dist_ms=in_inter, output_dist_fwd_ms=out_link_ms[0], output_dist_bwd_ms=out_link_ms[1]))
+
+
+def _shard_ids(spec: TableSpec, topo: Topology, num_rows: int) -> tuple[float, float]:
+    """(ids routed to a shard of num_rows rows: all of them unless rows are split, the rows of its output)."""
+    G, F = topo.global_batch_size, spec.num_features
+    ids = G * spec.pooling_factor * F * (num_rows / spec.num_embeddings)
+    return ids, (G * F if spec.pooled else ids)  # pooled row shards emit a partial sum for every bag
+
+
+def relocated_perf(perf: Perf, spec: TableSpec, topo: Topology, num_rows: int, num_cols: int, location: Location,
+                   num_cache_rows: int = 0) -> Perf:
+    """`holder_perf` of the same shard at `location` (with a cache of num_cache_rows rows) from its holder_perf
+    anywhere else: only the lookup depends on where the rows live (the same float operations)."""
+    ids, out_rows = _shard_ids(spec, topo, num_rows)
+    fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
+    return Perf(perf.input_dist_ms, fwd * topo.lookup_fwd_factor, perf.output_dist_fwd_ms, perf.output_dist_bwd_ms,
+                bwd * topo.lookup_bwd_factor, perf.dp_allreduce_ms)
 
 
 def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Perf:

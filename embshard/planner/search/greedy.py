@@ -54,11 +54,18 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
     """For each candidate ci of unit ui (not placed) that fits: (ci, the ranks `place(..., after=True,
     ceiling=ceiling)` gives it, every rank's cost with it there: `RankState.cost_array_with`), the same values
     as one call each (the orderings and the cost arrays are computed for all candidates at once)."""
+    if not cis:
+        return []
     unit = state.problem.units[ui]
     cvs = [unit.cands[ci] for ci in cis]
     fits = [_replica_fits(state, cv) for cv in cvs]
     sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
-    ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost))) if sharded and by_cost else {}
+    ranked, above = {}, set()
+    if sharded and by_cost:
+        ranked = dict(zip(sharded, _ranked_after(state, [cvs[j] for j in sharded], by_cost)))
+        if ceiling < float("inf"):  # `_above` of every candidate at once
+            out = _above(np.array([ranked[j][1] for j in sharded]), ceiling).tolist()
+            above = {j for j, o in zip(sharded, out) if o}
     picks = []
     for j, cv in enumerate(cvs):
         if not fits[j]:
@@ -66,9 +73,9 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
         if cv.data_parallel:
             picks.append((cis[j], ()))
             continue
-        order, after_costs = ranked.get(j, (by_cost, costs))
-        if j in ranked and _above(after_costs, ceiling):
+        if j in above:
             continue
+        order, after_costs = ranked.get(j, (by_cost, costs))
         pick = _place_ranked(state, cv, order, after_costs)
         if pick is not None:
             picks.append((cis[j], pick))
@@ -81,10 +88,10 @@ def _replica_fits(state: RankState, cv: CandVec) -> bool:
     return not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes)
 
 
-def _above(costs_after: np.ndarray, ceiling: float) -> bool:
+def _above(costs_after: np.ndarray, ceiling: float):
     """Every rank is above the ceiling with the candidate's largest shard (rounding apart: costs_after sums
-    in another order than the cost functions)."""
-    return costs_after.min() > ceiling * (1 + 1e-9)
+    in another order than the cost functions); costs_after (candidates, ranks): one answer per candidate."""
+    return costs_after.min(axis=-1) > ceiling * (1 + 1e-9)
 
 
 def _ranked_after(state: RankState, cvs: list[CandVec], by_cost: list[int]) -> list[tuple[list[int], np.ndarray]]:
@@ -235,22 +242,27 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
         by_cost = state.cheapest_first(unit.ranks, costs)
         rushed = time.perf_counter() > deadline
         best = None
+        used_mem, least_mem = sum(state.mem), min(state.mem)
         for no_host_bound in ((True, False) if rushed else (False,)):
             for ci, cv in enumerate(unit.cands):
                 if no_host_bound and cv.host_bound:
                     continue
-                pick = place(state, unit, cv, by_cost, costs)
+                shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
+                work = cv.work_ms + W * shift
+                floor = max(cur_max + shift, (total + work + remaining) / W)  # its score whatever ranks it takes
+                if best is not None and (floor, work) >= best[0]:  # its key is no lower: placing it cannot win
+                    continue
                 # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a
                 # largest later shard per rank (else HBM filled to the byte strands small tables that fit no rank)
-                if pick is None or ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + sum(state.mem)
-                                    + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
-                        cv.every_mem and state.UM + cv.every_mem + min(state.mem) + need > problem.cap_bytes):
+                if ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + used_mem
+                        + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
+                        cv.every_mem and state.UM + cv.every_mem + least_mem + need > problem.cap_bytes):
                     continue
-                shift = sum(cv.req_vec) + cv.every_ms  # upper bound of what every rank gains
+                pick = place(state, unit, cv, by_cost, costs)
+                if pick is None:
+                    continue
                 touched = max(map(add, map(costs.__getitem__, pick), cv.shard_cost), default=0.0)
-                work = cv.work_ms + W * shift
-                score = max(touched + shift, cur_max + shift, (total + work + remaining) / W)
-                key = (score, work)
+                key = (max(touched + shift, floor), work)
                 if best is None or key < best[0]:
                     best = (key, ci, pick, work)
             if best is not None:

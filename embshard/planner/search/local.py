@@ -68,14 +68,15 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
             new_r.append(c)
     if not held:
         return False
-    V = np.array([cv.shard_vec[si] for cv, (_, si) in zip(cvs, held)])  # (shards, 4)
-    u, Hn = state.U, state.Hn
-    to = (np.maximum(Hn[None, :, 0] + V[:, None, 0], u[0]) + np.maximum(Hn[None, :, 1] + V[:, None, 1], u[1])
-          + np.maximum(Hn[None, :, 2] + V[:, None, 2], u[2]) + Hn[None, :, 3] + V[:, None, 3] + state.E)
+    X = np.array([(*cv.shard_vec[si], c) for cv, (_, si), c in zip(cvs, held, new_r)])  # (shards, 4 + r's time without it)
+    V = X[:, :4]
+    Hn = state.Hn
+    a2a = np.maximum(Hn[None, :, :3] + V[:, None, :3], np.array(state.U))  # (shards, ranks, phases)
+    to = a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + Hn[None, :, 3] + V[:, None, 3] + state.E
     if state.call_ms:
         to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
-    val = np.maximum(np.array(new_r)[:, None], to)
+    val = np.maximum(X[:, 4:5], to)
     ok = _move_destinations(state, r, held, cvs) & (np.asarray(costs) < cmax - EPS)
     position = None
     if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
@@ -87,11 +88,10 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         tried[rows, order] = np.cumsum(ok[rows, order], axis=1) <= NEAREST_RANKS
         ok &= tried
     ok &= val < cmax - EPS
-    M = np.array([cv.shard_mem[si] for cv, (_, si) in zip(cvs, held)])
-    ok &= np.asarray(state.mem) + M[:, None] + state.UM <= state.problem.cap_bytes
-    HM = np.array([cv.host_mem(si) for cv, (_, si) in zip(cvs, held)])
-    if HM.any():
-        ok &= (HM[:, None] == 0) | (np.asarray(state.host) + HM[:, None] <= state.problem.host_cap_bytes)
+    M = np.array([(cv.shard_mem[si], cv.host_mem(si)) for cv, (_, si) in zip(cvs, held)])  # (shards, HBM and host bytes)
+    ok &= np.asarray(state.mem) + M[:, 0:1] + state.UM <= state.problem.cap_bytes
+    if M[:, 1].any():
+        ok &= (M[:, 1:2] == 0) | (np.asarray(state.host) + M[:, 1:2] <= state.problem.host_cap_bytes)
     if not ok.any():
         return False
     val = np.where(ok, val, np.inf)
@@ -111,58 +111,79 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
 
 def _move_destinations(state: RankState, r: int, held: list[tuple[int, int]], cvs: list) -> np.ndarray:
     """(shards of r, ranks): may the shard live there instead (`_allowed`)."""
-    W, topo = len(state.H), state.problem.topo
-    out = np.ones((len(held), W), dtype=bool)
-    rows, cols = [], []
+    W, topo, units = len(state.H), state.problem.topo, state.problem.units
+    taken = [i * W + q for i, (ui, _) in enumerate(held) for q in state.choice[ui][1]]  # a unit has one shard per rank
+    out = np.ones(len(held) * W, dtype=bool)
+    out[taken] = False
+    out = out.reshape(len(held), W)
     for i, ((ui, _), cv) in enumerate(zip(held, cvs)):
-        ranks = state.choice[ui][1]  # a unit has one shard per rank
-        rows += [i] * len(ranks)
-        cols += ranks
-        unit = state.problem.units[ui]
-        if len(unit.ranks) != W:
-            out[i] &= np.isin(np.arange(W), unit.ranks)
+        if len(units[ui].ranks) != W:
+            out[i] &= np.isin(np.arange(W), units[ui].ranks)
         if cv.host_bound:
             out[i] &= np.arange(W) // topo.local_world_size == topo.host_of(r)
-    out[rows, cols] = False
     return out
 
 
 def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
     """Swap one of r's largest shards with a smaller shard of a cheap rank.
 
-    Pairs that cannot fit under the destination's slack are skipped without costing them.
+    Pairs that cannot fit under the destination's slack are skipped without costing them; r's time with a
+    pair is costed first, and q's only where r's does not already rule the pair out (the same values as
+    `_cost_delta` for both, and the same pair wins).
     """
     cmax = costs[r]
     units = state.problem.units
     cap = state.problem.cap_bytes - state.UM
     host_cap = state.problem.host_cap_bytes
-    mine = sorted(state.held[r].items(), key=lambda it: -units[it[0]].cands[state.choice[it[0]][0]].shard_cost[it[1]])[:SWAP_SHARDS]
+    held = [(ui, si, units[ui].cands[state.choice[ui][0]]) for ui, si in state.held[r].items()]
+    mine = sorted(held, key=lambda it: -it[2].shard_cost[it[1]])[:SWAP_SHARDS]
+    call_ms = state.call_ms
+    u0, u1, u2 = state.U
+    E = state.E
+    hr = state.H[r]
+    mem_r, host_r = state.mem[r], state.host[r]
+    # per shard of r: its unit, index, cost, vector (and its parts), bytes, host bytes, kernels, and r's all-to-all
+    # holder sums without it
+    mine = [(ui, si, cv.shard_cost[si], v, *v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
+             hr[0] - v[0], hr[1] - v[1], hr[2] - v[2])
+            for ui, si, cv in mine for v in (cv.shard_vec[si],)]
+    if not mine:
+        return False
+    costliest, least_compute = max(m[2] for m in mine), min(m[7] for m in mine)
     best = None
     for q in by_cost[:SWAP_RANKS]:
         slack = cmax - costs[q]
         if q == r or slack <= EPS:
             continue
-        theirs = [(uj, sj, units[uj].cands[state.choice[uj][0]]) for uj, sj in state.held[q].items()]
-        for ui, si in mine:
-            cv = units[ui].cands[state.choice[ui][0]]
-            c_i, v, m = cv.shard_cost[si], cv.shard_vec[si], cv.shard_mem[si]
+        hq = state.H[q]
+        mem_q, host_q = state.mem[q], state.host[q]
+        # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
+        theirs = [(uj, sj, c_j, w, *w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
+                   hq[0] - w[0], hq[1] - w[1], hq[2] - w[2])
+                  for uj, sj in state.held[q].items()
+                  for cw in (units[uj].cands[state.choice[uj][0]],) for c_j in (cw.shard_cost[sj],)
+                  if c_j < costliest and least_compute - c_j < slack and _allowed(state, uj, sj, q, r)
+                  for w in (cw.shard_vec[sj],)]
+        if not theirs:
+            continue
+        for ui, si, c_i, v, v0, v1, v2, v3, m, hi, k_i, a0, a1, a2 in mine:
             if not _allowed(state, ui, si, r, q):
                 continue
-            for uj, sj, cw in theirs:
-                c_j = cw.shard_cost[sj]
+            for uj, sj, c_j, w, w0, w1, w2, w3, mw, hj, k_j, b0, b1, b2 in theirs:
                 # q's time grows by at least v's compute minus all of w (necessary condition)
-                if c_j >= c_i or v[3] - c_j >= slack or not _allowed(state, uj, sj, q, r):
+                if c_j >= c_i or v3 - c_j >= slack:
                     continue
-                mw = cw.shard_mem[sj]
-                if state.mem[q] - mw + m > cap or state.mem[r] - m + mw > cap:
+                if mem_q - mw + m > cap or mem_r - m + mw > cap:
                     continue
-                hi, hj = cv.host_mem(si), cw.host_mem(sj)
-                if (hi or hj) and (state.host[q] - hj + hi > host_cap or state.host[r] - hi + hj > host_cap):
+                if (hi or hj) and (host_q - hj + hi > host_cap or host_r - hi + hj > host_cap):
                     continue
-                w = cw.shard_vec[sj]
-                k_i = cv.shard_kernels[si] if cv.shard_kernels else ()
-                k_j = cw.shard_kernels[sj] if cw.shard_kernels else ()
-                val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
+                if call_ms:
+                    val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
+                else:  # _cost_delta's float operations, r's side first
+                    val = max(a0 + w0, u0) + max(a1 + w1, u1) + max(a2 + w2, u2) + hr[3] - v3 + w3 + E
+                    if val >= cmax - EPS or (best is not None and val >= best[0]):
+                        continue
+                    val = max(val, max(b0 + v0, u0) + max(b1 + v1, u1) + max(b2 + v2, u2) + hq[3] - w3 + v3 + E)
                 if val < cmax - EPS and (best is None or val < best[0]):
                     best = (val, ui, si, q, uj, sj)
     if best is None:
@@ -213,6 +234,16 @@ def _reshard_targets(state: RankState, r: int, max_units: int) -> list[int]:
     return out
 
 
+def _least_with_shards(least: np.ndarray, compute_desc: np.ndarray) -> np.ndarray:
+    """Per candidate, every rank's cost without its shards (`least`, a row each) sorted, with its shards' compute times
+    (`Unit.compute_desc`'s rows) added, the largest to the cheapest rank: no placement on distinct ranks has a lower
+    maximum or smooth maximum (a shard lifts its rank at least by its compute time; pairing the largest with the
+    cheapest minimises both, the potential being convex), rounding apart (the margin of 1e-12 below)."""
+    out = np.sort(least, axis=1)
+    out[:, :compute_desc.shape[1]] += compute_desc
+    return out * (1 - 1e-12)
+
+
 def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 8) -> bool:
     """Re-shard the first of r's target units with a candidate that lowers the smooth maximum
     (lifting the maximum at most MAX_RISE) or lowers the maximum (a finer column split of a hot
@@ -224,17 +255,18 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
     ceiling = cmax * (1 + MAX_RISE)
     for ui in _reshard_targets(state, r, max_units):
         old = state.remove(ui)
-        base = state.costs()
-        by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui])
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
-        if cis:  # nor is one whose ranks, before its shards come, are as high as the maximum and too high to smooth it
-            least = state.costs_without_shards([units[ui].cands[ci] for ci in cis])
-            high, smooth = least.max(axis=1) >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
-            cis = [ci for ci, out in zip(cis, high & ~(smooth & (least.max(axis=1) <= ceiling))) if not out]
-        placed = place_each(state, ui, cis, by_cost, base, ceiling=ceiling)
-        best = None
+        if cis:  # nor is one whose ranks, at their least with its shards, are as high as the maximum and too high to smooth it
+            least = _least_with_shards(state.costs_without_shards([units[ui].cands[ci] for ci in cis]), units[ui].compute_desc[cis])
+            top = least.max(axis=1)
+            high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
+            cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]
+        best, placed = None, []
+        if cis:
+            base = state.costs()
+            placed = place_each(state, ui, cis, state.cheapest_first(units[ui].ranks, base), base, ceiling=ceiling)
         if placed:
             new_costs = np.array([arr for _, _, arr in placed])
             for (ci, pick, _), after, new_max in zip(placed, _potentials(new_costs, cmax).tolist(), new_costs.max(axis=1).tolist()):
@@ -260,17 +292,17 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         if time.perf_counter() > deadline:
             return None
         old = state.remove(ui)
-        base = state.costs()
-        by_cost = state.cheapest_first(units[ui].ranks, base)
         floors = state.floors_ms(units[ui])
         layouts = []  # (ranks it lifts to the maximum, new maximum, candidate, ranks) of those that take r below it
         # (below a floor of cmax, moves and swaps cannot bring every rank below cmax)
         cis = [ci for ci, f in enumerate(floors) if f < cmax]
         if cis:  # nor can one that holds r at the maximum before its shards come take r below it
             cis = [ci for ci, c in zip(cis, state.costs_without_shards([units[ui].cands[ci] for ci in cis])[:, r]) if c < cmax - EPS]
-        for ci, pick, new_costs in place_each(state, ui, cis, by_cost, base):
-            if new_costs[r] < cmax - EPS:
-                layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
+        if cis:
+            base = state.costs()
+            for ci, pick, new_costs in place_each(state, ui, cis, state.cheapest_first(units[ui].ranks, base), base):
+                if new_costs[r] < cmax - EPS:
+                    layouts.append((int(np.count_nonzero(new_costs >= cmax - EPS)), float(new_costs.max()), ci, pick))
         state.add(ui, old[0], old[1])
         for _, _, ci, pick in sorted(layouts)[:KICK_LAYOUTS]:  # the fewest ranks to repair first
             if time.perf_counter() > deadline:

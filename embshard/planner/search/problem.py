@@ -90,7 +90,7 @@ class CandVec:
     def label(self) -> str:
         return self.cand[0].label
 
-    @property
+    @cached_property
     def work_ms(self) -> float:
         """Lower bound of the total rank-time this candidate adds across all ranks (holder side)."""
         return sum(self.shard_cost)
@@ -113,6 +113,10 @@ def _combine(cands: list[Candidate], specs: tuple[TableSpec, ...], topo: Topolog
         columns = dict(zip(keys, parts_of))
     flat = {}
     for key, parts in columns.items():
+        if len(parts) == 1:  # (the sums below of one part)
+            vec, storage = perf_vector(parts[0].perf), parts[0].storage
+            flat[key] = (vec, sum(vec), storage.total_bytes, storage.host_bytes)
+            continue
         vec = tuple(map(sum, zip(*(perf_vector(sc.perf) for sc in parts))))
         flat[key] = (vec, sum(vec), sum(sc.storage.total_bytes for sc in parts), sum(sc.storage.host_bytes for sc in parts))
     # per shard (the per-shard work in C); none for a data-parallel candidate
@@ -161,6 +165,15 @@ class Unit:
         """Per candidate, as arrays: its holder_sums (C, 4), req_vec (C, 3) and every_ms (C,)."""
         return (np.array([cv.holder_sums for cv in self.cands]).reshape(-1, 4), np.array([cv.req_vec for cv in self.cands]).reshape(-1, 3),
                 np.array([cv.every_ms for cv in self.cands]))
+
+    @cached_property
+    def compute_desc(self) -> np.ndarray:
+        """Per candidate, its shards' compute times (their vectors' last part), largest first, padded with zeros
+        to the most shards of any candidate: (C, shards)."""
+        out = np.zeros((len(self.cands), max(cv.num_shards for cv in self.cands)))
+        for row, cv in zip(out, self.cands):
+            row[:cv.num_shards] = sorted((v[3] for v in cv.shard_vec), reverse=True)
+        return out
 
     @property
     def name(self) -> str:

@@ -97,8 +97,9 @@ class RankState:
 
     def cost_array(self) -> np.ndarray:
         """costs() as an array."""
-        h, u = self.Hn, self.U
-        c = np.maximum(h[:, 0], u[0]) + np.maximum(h[:, 1], u[1]) + np.maximum(h[:, 2], u[2]) + h[:, 3] + self.E
+        h = self.Hn
+        a2a = np.maximum(h[:, :3], self.U)  # each all-to-all phase: max(H_p, U_p)
+        c = a2a[:, 0] + a2a[:, 1] + a2a[:, 2] + h[:, 3] + self.E
         if self.call_ms:
             c = c + self.call_ms * (self.num_kernels + len(self.every_kernels))
         return c
@@ -136,9 +137,9 @@ class RankState:
         """Per candidate j, every rank's cost (kernel calls left out) from holder sums h[j] ((n, W, 4), or
         (1, W, 4) for all alike) and the state's requester side and every-rank time with cv j's added."""
         u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(cvs), 3)
-        tail = np.array([self.E + cv.every_ms + self._new_groups_ms(cv) for cv in cvs])
-        return (np.maximum(h[:, :, 0], u[:, 0:1]) + np.maximum(h[:, :, 1], u[:, 1:2]) + np.maximum(h[:, :, 2], u[:, 2:3])
-                + h[:, :, 3] + tail[:, None])
+        tail = np.array([self.E + cv.every_ms + (self._new_groups_ms(cv) if cv.every_groups else 0) for cv in cvs])
+        a2a = np.maximum(h[:, :, :3], u[:, None, :])
+        return a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + h[:, :, 3] + tail[:, None]
 
     def floors_ms(self, unit: Unit) -> list[float]:
         """Per candidate of `unit`, a lower bound on the slowest rank's time with it added on any ranks: the mean
@@ -148,8 +149,8 @@ class RankState:
         W = len(self.H)
         s, u = self.Hn.sum(axis=0), self.U
         h, q, every = unit.sums
-        return ((np.maximum(s[0] + h[:, 0], W * (u[0] + q[:, 0])) + np.maximum(s[1] + h[:, 1], W * (u[1] + q[:, 1]))
-                 + np.maximum(s[2] + h[:, 2], W * (u[2] + q[:, 2])) + s[3] + h[:, 3]) / W + self.E + every).tolist()
+        a2a = np.maximum(s[:3] + h[:, :3], W * (np.array(u) + q))  # (candidates, phases)
+        return ((a2a[:, 0] + a2a[:, 1] + a2a[:, 2] + s[3] + h[:, 3]) / W + self.E + every).tolist()
 
     def _new_groups_ms(self, cv: CandVec) -> float:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
@@ -174,8 +175,8 @@ class RankState:
         h, u, v = self.Hn, self.U, np.asarray(vec, dtype=float)
         if v.ndim == 2:
             h, v = h[None], v[:, None, :]
-        return (np.maximum(h[..., 0] + v[..., 0], u[0]) + np.maximum(h[..., 1] + v[..., 1], u[1])
-                + np.maximum(h[..., 2] + v[..., 2], u[2]) + h[..., 3] + (v[..., 3] + self.E))
+        a2a = np.maximum(h[..., :3] + v[..., :3], u)
+        return a2a[..., 0] + a2a[..., 1] + a2a[..., 2] + h[..., 3] + (v[..., 3] + self.E)
 
     def fits(self, r: int, extra_bytes: int, extra_host_bytes: int = 0) -> bool:
         return (self.mem[r] + extra_bytes + self.UM <= self.problem.cap_bytes
@@ -187,30 +188,40 @@ class RankState:
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
-        if ranks:
-            self.Hn[list(ranks)] += sign * cv.shard_array
+        if ranks and sign > 0:
+            self.Hn[list(ranks)] += cv.shard_array
+        elif ranks:
+            self.Hn[list(ranks)] -= cv.shard_array
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
-            for p in range(4):
-                h[p] += sign * v[p]
+            if sign > 0:
+                h[0] += v[0]
+                h[1] += v[1]
+                h[2] += v[2]
+                h[3] += v[3]
+                self.held[r][ui] = i
+            else:
+                h[0] -= v[0]
+                h[1] -= v[1]
+                h[2] -= v[2]
+                h[3] -= v[3]
+                del self.held[r][ui]
             self.mem[r] += sign * cv.shard_mem[i]
             if cv.shard_host_mem:
                 self.host[r] += sign * cv.shard_host_mem[i]
-            if sign > 0:
-                self.held[r][ui] = i
-            else:
-                del self.held[r][ui]
             if cv.shard_kernels:
                 self.num_kernels[r] += _count(self.kernels[r], cv.shard_kernels[i], sign)
         for p in range(3):
             self.U[p] += sign * cv.req_vec[p]
         self.E += sign * cv.every_ms
-        if sign > 0:
-            self.E += self._new_groups_ms(cv)
-        _count(self.every_kernels, cv.every_kernels, sign)
-        _count(self.every_groups, cv.every_groups, sign)
-        if sign < 0:
-            self.E -= self._new_groups_ms(cv)
+        if cv.every_kernels:
+            _count(self.every_kernels, cv.every_kernels, sign)
+        if cv.every_groups:  # (a group's fixed cost comes with its first unit and goes with its last)
+            if sign > 0:
+                self.E += self._new_groups_ms(cv)
+            _count(self.every_groups, cv.every_groups, sign)
+            if sign < 0:
+                self.E -= self._new_groups_ms(cv)
         self.UM += sign * cv.every_mem
         self.choice[ui] = (ci, ranks) if sign > 0 else None
         self.chosen[ui] = ci if sign > 0 else -1
@@ -225,9 +236,9 @@ class RankState:
         ci, ranks = self.choice[ui]
         cv = self.problem.units[ui].cands[ci]
         v, m = cv.shard_vec[shard], cv.shard_mem[shard]
-        for p in range(4):
-            self.H[src][p] -= v[p]
-            self.H[dst][p] += v[p]
+        hs, hd = self.H[src], self.H[dst]
+        hs[0], hs[1], hs[2], hs[3] = hs[0] - v[0], hs[1] - v[1], hs[2] - v[2], hs[3] - v[3]
+        hd[0], hd[1], hd[2], hd[3] = hd[0] + v[0], hd[1] + v[1], hd[2] + v[2], hd[3] + v[3]
         self.Hn[src] -= v
         self.Hn[dst] += v
         self.mem[src] -= m
