@@ -27,12 +27,12 @@ own bounds it (about 0.1 CPU s per table at 64 ranks: 21 s for 200 tables, 60 s 
 GreedyProposer(use_depth=False) found no plan that fits (the row then says so); with 200 s it found
 one, over embshard's HBM caps (TorchRec counts fewer bytes of I/O buffers: 1.07 GiB a rank in
 embshard's model at 2,000 tables), whose embshard-model cost is then given without the caps, marked +.
-TorchRec's runs start
-together once the tables are measured and run beside embshard's (one process each; planning times
-are each process's CPU seconds). The full run takes about 9 minutes on a quiet 2-core machine (the
-pieces timed here, in CPU seconds: measuring 49 (1.5 GiB peak), then TorchRec's child on the set up to its 480 s limit,
-beside it criteo_tb_measured 15, embshard on the set 12, again torchrec_compatible 12 where TorchRec
-cannot run its plan, and TorchRec's estimate of embshard's plans 17 each).
+Each planner plans alone: per case embshard's plan and its scoring, then TorchRec's child (planning
+times are each process's CPU seconds, with no other planner running beside it). The full run takes
+about 10 minutes on a quiet 2-core machine (the pieces timed here, in CPU seconds: measuring 49 (1.5
+GiB peak), criteo_tb_measured 15 with TorchRec's child 7, embshard on the set 12, again
+torchrec_compatible 12 where TorchRec cannot run its plan, TorchRec's estimate of embshard's plans
+17 each, then TorchRec's child on the set up to its 480 s limit).
 
 Each plan is scored by embshard's model (`evaluate`) and by TorchRec's EmbeddingPerfEstimator
 (`torchrec_estimate`; TorchRec's plan by its own rating). Planning times are CPU seconds of the
@@ -291,17 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
     args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 480.0)
     rows = []
-    todo = cases(args)
-    # TorchRec's runs (one process each) start at once, beside embshard's: the machine's cores run them side by side
-    torchrec_runs = [TorchRecRun(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers)
-                     for _, specs, topo, search in todo]
-    print(f"TorchRec planning {len(todo)} cases in the background ...", flush=True)
-    for (name, specs, topo, search), torchrec_run in zip(todo, torchrec_runs):
+    for name, specs, topo, search in cases(args):  # each planner alone on the machine: its CPU s are its own
         t0 = time.perf_counter()
         es = run_embshard(specs, topo, args.embshard_budget_s)
         print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); scoring it ...", flush=True)
         half = embshard_row(name, specs, topo, es, args.embshard_budget_s)
-        print(f"{name}: waiting for TorchRec ({search.label}) ...", flush=True)
+        print(f"{name}: TorchRec planning ({search.label}) ...", flush=True)
+        torchrec_run = TorchRecRun(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers)
         tr = torchrec_run.result()
         print(f"{name}: TorchRec {tr['status']} ({time.perf_counter() - torchrec_run.start:.1f} s after its start)", flush=True)
         r = row(half, specs, topo, tr, search)
