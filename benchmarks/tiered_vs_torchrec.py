@@ -211,9 +211,9 @@ leave HBM with 1% caches, which embshard's model prices cheaply (misses are a fe
 dearly (every cached lookup at a blend of HBM and host bandwidth, a tenth of it). Planned at h14 (Intel Xeon, two
 runs) it kept 120 to 121 tables out of HBM, 31 to 39 of them with 1% caches: 27.6 to 27.9 ms under its model, 175 to
 199 ms under TorchRec's, above TorchRec's own plan (62 to 83 ms); at c9ed743 on the same machine 159 ms (1.92x). On
-this session's machine (AMD EPYC), at 67bb210 as at h14e and 0c4b01f (whose search is 1.6-2.2x cheaper for the same
-plans), it scores 24.08 ms under its model and 49.10 ms under TorchRec's, 0.79x TorchRec's own plan: the target is
-met there, by a plan whose TorchRec-model cost moved 3x with the machine it was planned on, so not robustly. Which model is right about
+the AMD EPYC machine, at 67bb210 as at h14e, 0c4b01f and 437037d (whose searches are cheaper for the same plans), it
+scores 24.08 ms under its model and 49.10 ms under TorchRec's, 0.79x and 0.69x TorchRec's own plan (59.1 and 70.8 ms
+in two runs): the target is met there, by a plan whose TorchRec-model cost moved 3x with the machine it was planned on, so not robustly. Which model is right about
 cached lookups needs the kernels on a GPU.
 
 I/O buffers: what the runtime allocates (h14e, `benchmarks/io_buffers.py`). Is embshard's memory model over-counting
