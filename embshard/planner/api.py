@@ -154,10 +154,10 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         clock.lap("local_search")
         if max(packed.costs()) < max(state.costs()):
             state, method = packed, f"target packing({rounds} rounds)+local_search({steps} steps)"
-    if max(state.costs()) > good_enough and clock.left_s() <= 0:
+    before_ms = max(state.costs())
+    if before_ms > good_enough and clock.left_s() <= 0:
         clock.skip("rebalance (out of time)")
-    elif max(state.costs()) > good_enough:  # the best plan, where its kicks ended
-        before_ms = max(state.costs())
+    elif before_ms > good_enough:  # the best plan, where its kicks ended
         state, steps = polish.rebalance(state, clock.search_deadline, 0)
         if max(state.costs()) < before_ms:
             method += f"+rebalance+local_search({steps} steps)"
