@@ -77,7 +77,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
     val = np.maximum(X[:, 4:5], to)
-    ok = _move_destinations(state, r, held, cvs) & (np.asarray(costs) < cmax - EPS)
+    ok = state.move_destinations(r, held, cvs) & (np.asarray(costs) < cmax - EPS)
     position = None
     if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
         after, position = state.costs_after(V), np.empty(W, dtype=np.int64)
@@ -107,21 +107,6 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         q = min(tied, key=lambda q: (after[q], position[q]))
     state.move_shard(held[i][0], held[i][1], r, q)
     return True
-
-
-def _move_destinations(state: RankState, r: int, held: list[tuple[int, int]], cvs: list) -> np.ndarray:
-    """(shards of r, ranks): may the shard live there instead (`_allowed`)."""
-    W, topo, units = len(state.H), state.problem.topo, state.problem.units
-    taken = [i * W + q for i, (ui, _) in enumerate(held) for q in state.choice[ui][1]]  # a unit has one shard per rank
-    out = np.ones(len(held) * W, dtype=bool)
-    out[taken] = False
-    out = out.reshape(len(held), W)
-    for i, ((ui, _), cv) in enumerate(zip(held, cvs)):
-        if len(units[ui].ranks) != W:
-            out[i] &= np.isin(np.arange(W), units[ui].ranks)
-        if cv.host_bound:
-            out[i] &= np.arange(W) // topo.local_world_size == topo.host_of(r)
-    return out
 
 
 def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:

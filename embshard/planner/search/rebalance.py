@@ -31,7 +31,7 @@ def sweep(state: RankState, deadline: float) -> int:
     problem = state.problem
     if state.call_ms:
         return 0
-    units, W = problem.units, len(state.H)
+    units = problem.units
     costs = state.cost_array()
     cmax = float(costs.max())
     mem, host = np.array(state.mem), np.array(state.host)
@@ -52,9 +52,7 @@ def sweep(state: RankState, deadline: float) -> int:
             ok = (after < cmax - EPS) & (mem + cv.shard_mem[si] + state.UM <= problem.cap_bytes)
             if cv.shard_host_mem:
                 ok &= host + cv.shard_host_mem[si] <= problem.host_cap_bytes
-            ok[list(state.choice[ui][1])] = False
-            if len(units[ui].ranks) != W:
-                ok &= np.isin(np.arange(W), units[ui].ranks)
+            ok &= state.move_destinations(src, [(ui, si)], [cv])[0]
             added = np.where(ok, after - costs, np.inf)
             q = int(np.argmin(added))
             if added[q] < saved - EPS:

@@ -156,6 +156,21 @@ class RankState:
         """Fixed cost of the mode groups cv's replica would start (none of its group placed yet)."""
         return sum(self.problem.group_ms[g] for g in cv.every_groups if not self.every_groups.get(g))
 
+    def move_destinations(self, r: int, held: Sequence[tuple[int, int]], cvs: Sequence) -> np.ndarray:
+        """(shards (unit, shard index) of rank r with their units' candidates, ranks): whether each shard may move
+        to the rank: not one its unit already holds, one of its unit's ranks, and in r's host if host-bound."""
+        W, topo, units = len(self.H), self.problem.topo, self.problem.units
+        taken = [i * W + q for i, (ui, _) in enumerate(held) for q in self.choice[ui][1]]  # a unit has one shard per rank
+        out = np.ones(len(held) * W, dtype=bool)
+        out[taken] = False
+        out = out.reshape(len(held), W)
+        for i, ((ui, _), cv) in enumerate(zip(held, cvs)):
+            if len(units[ui].ranks) != W:
+                out[i] &= np.isin(np.arange(W), units[ui].ranks)
+            if cv.host_bound:
+                out[i] &= np.arange(W) // topo.local_world_size == topo.host_of(r)
+        return out
+
     def cheapest_first(self, ranks: Sequence[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
         by the work they hold, so hidden holder load stays balanced too (a stable sort)."""
