@@ -89,8 +89,8 @@ def workloads(scale: float = 1.0):
 def emulated_topology(base, hosts: int, ranks_per_host: int, inter_host_gb_per_s: float, cores_per_rank: float):
     """``base`` on hosts x ranks_per_host ranks, inter-host traffic at inter_host_gb_per_s, with its per-phase factors (a
     rank's CPU work; inter-host link time is not scaled, embshard.planner.cost.perf._factored) divided by the cores each
-    rank has: the emulated hosts share this machine's cores. (dp_allreduce_factor scales the all-reduce whole, its
-    inter-host legs too: a data-parallel all-reduce's link time is not priced apart.)"""
+    rank has: the emulated hosts share this machine's cores. (dp_allreduce_factor, like the others, leaves the
+    all-reduce's inter-host legs unscaled.)"""
     from embshard.topology import PHASE_FACTORS
 
     assert 0 < cores_per_rank <= 1, cores_per_rank

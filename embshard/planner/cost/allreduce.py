@@ -29,24 +29,43 @@ def collective_fixed_ms(topo: Topology, steps_per_peer: int = 1) -> float:
     return (topo.collective_ms * (W - 1) + topo.inter_host_collective_ms * (W - L)) * steps_per_peer
 
 
+def _flat_legs_ms(num_bytes: float, topo: Topology) -> tuple[float, float, bool, bool]:
+    """(sent ms, received ms, is the send on an inter-host link, is the receive) of the ring's slowest rank."""
+    W, L = topo.world_size, topo.local_world_size
+    per_rank = 2 * num_bytes * (W - 1) / W
+    sent_across, received_across = topo.num_hosts > 1, L == 1 and W > 1
+    sent = _ms(per_rank, topo.inter_host_gb_per_s if sent_across else topo.intra_host_gb_per_s)
+    received = _ms(per_rank, topo.inter_host_gb_per_s if received_across else topo.intra_host_gb_per_s)
+    return sent, received, sent_across, received_across
+
+
 def flat_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     """A ring over the W ranks in rank order, bandwidth only: each sends 2(W-1)/W of the buffer to
     its successor; the last rank of a host sends it across hosts (and receives it inside the host)."""
-    W, L = topo.world_size, topo.local_world_size
-    per_rank = 2 * num_bytes * (W - 1) / W
-    sent = _ms(per_rank, topo.inter_host_gb_per_s if topo.num_hosts > 1 else topo.intra_host_gb_per_s)
-    received = _ms(per_rank, topo.intra_host_gb_per_s if L > 1 else topo.inter_host_gb_per_s)
+    sent, received, _, _ = _flat_legs_ms(num_bytes, topo)
     return _exchange_ms(sent, received, topo)
+
+
+def flat_allreduce_link_ms(num_bytes: float, topo: Topology) -> float:
+    """Of `flat_allreduce_ms`, the time on inter-host links: what its legs across hosts add to its legs inside one."""
+    sent, received, sent_across, received_across = _flat_legs_ms(num_bytes, topo)
+    in_host = _exchange_ms(0.0 if sent_across else sent, 0.0 if received_across else received, topo)
+    return _exchange_ms(sent, received, topo) - in_host
 
 
 def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     """Bandwidth only: reduce-scatter and all-gather inside the host ((L-1)/L of the buffer each way,
     each), a ring across the H hosts of this rank's 1/L share (2(H-1)/H of it each way). On one
     host, the ring's time."""
-    L, H = topo.local_world_size, topo.num_hosts
+    L = topo.local_world_size
     in_host = _ms(num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
-    across = _ms(2 * num_bytes * (H - 1) / H / L, topo.inter_host_gb_per_s)
-    return 2 * _exchange_ms(in_host, in_host, topo) + _exchange_ms(across, across, topo)
+    return 2 * _exchange_ms(in_host, in_host, topo) + hierarchical_allreduce_link_ms(num_bytes, topo)
+
+
+def hierarchical_allreduce_link_ms(num_bytes: float, topo: Topology) -> float:
+    """Of `hierarchical_allreduce_ms`, the time on inter-host links: the ring across the hosts."""
+    across = _ms(2 * num_bytes * (topo.num_hosts - 1) / topo.num_hosts / topo.local_world_size, topo.inter_host_gb_per_s)
+    return _exchange_ms(across, across, topo)
 
 
 def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
@@ -83,3 +102,10 @@ def hierarchical_allreduce(num_bytes: float, topo: Topology) -> bool:
 def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     """Time of the all-reduce the runtime runs for num_bytes, fixed costs (and the hierarchy's copies) included."""
     return (hierarchical_total_ms if hierarchical_allreduce(num_bytes, topo) else flat_total_ms)(num_bytes, topo)
+
+
+def runtime_allreduce_link_ms(num_bytes: float, topo: Topology) -> float:
+    """Of `runtime_allreduce_ms`, the time on inter-host links (0 on one host): link time, which the cost model's
+    per-phase factors (a rank's work, fitted on one host) do not scale."""
+    hierarchical = hierarchical_allreduce(num_bytes, topo)
+    return (hierarchical_allreduce_link_ms if hierarchical else flat_allreduce_link_ms)(num_bytes, topo)

@@ -74,7 +74,8 @@ from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.comms import WIRE_BYTES  # noqa: F401
-from embshard.planner.cost.allreduce import collective_fixed_ms, flat_allreduce_ms, runtime_allreduce_ms
+from embshard.planner.cost.allreduce import (collective_fixed_ms, flat_allreduce_link_ms, flat_allreduce_ms, runtime_allreduce_link_ms,
+                                             runtime_allreduce_ms)
 from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allreduce_ms  # noqa: F401 (calibrate's fit: bandwidth terms)
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
@@ -326,24 +327,27 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     bwd = (_ms(out_bytes + ids * rb, topo.hbm_gb_per_s) + _ms(dense_bytes, topo.dp_dense_gb_per_s)
            + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
            + _ns(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
+    exchange_ms, link_ms = _dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo)
     return _factored(Perf(
         input_dist_ms=_route_ms(spec, topo, ids, B * F),
         lookup_fwd_ms=fwd,
         output_dist_fwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         output_dist_bwd_ms=_assemble_ms(spec, topo, out_bytes, ids),
         lookup_bwd_ms=bwd,
-        dp_allreduce_ms=_dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo) - _dp_exchange_ms(0, topo),
-    ), topo)
+        dp_allreduce_ms=exchange_ms - link_ms - _dp_exchange_ms(0, topo)[0],
+    ), topo, Perf(dp_allreduce_ms=link_ms))
 
 
-def _dp_exchange_ms(num_floats: int, topo: Topology) -> float:
-    """The exchange of an all-reduce buffer of num_floats as the runtime runs it: the all-reduce in its wire
-    dtype (hierarchical where it pays, `embshard.planner.cost.allreduce`), or with sharded updates a
-    reduce-scatter on the wire and an all-gather in fp32 over all ranks, each half of a ring all-reduce's traffic."""
+def _dp_exchange_ms(num_floats: int, topo: Topology) -> tuple[float, float]:
+    """(time, of it on inter-host links) of the exchange of an all-reduce buffer of num_floats as the runtime runs
+    it: the all-reduce in its wire dtype (hierarchical where it pays, `embshard.planner.cost.allreduce`), or with
+    sharded updates a reduce-scatter on the wire and an all-gather in fp32 over all ranks, each half of a ring
+    all-reduce's traffic. The link time is apart because the per-phase factors do not scale it (`_factored`)."""
     wire = wire_bytes(topo, "dp_allreduce")
     if topo.sharded_dp_update:
-        return flat_allreduce_ms(num_floats * (wire + GRAD_BYTES) / 2, topo) + collective_fixed_ms(topo, 2)
-    return runtime_allreduce_ms(num_floats * wire, topo)
+        num_bytes = num_floats * (wire + GRAD_BYTES) / 2
+        return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2), flat_allreduce_link_ms(num_bytes, topo)
+    return runtime_allreduce_ms(num_floats * wire, topo), runtime_allreduce_link_ms(num_floats * wire, topo)
 
 
 def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
@@ -358,18 +362,21 @@ def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
 
     Each rank sends its ids to every replica and receives everyone's; looks up and updates
     (fused) all G bags like a table-wise holder; keeps its own rows (no output all-to-all);
-    in backward receives every rank's pooled gradients, as a holder receives its outputs'.
+    in backward sends its own output gradients to every other replica and receives every rank's,
+    as a holder receives its outputs' (embshard.planner.cost.traffic counts the same bytes).
     """
     B, F, D = topo.batch_size_per_rank, spec.num_features, spec.embedding_dim
     W = topo.world_size
     held = holder_perf(spec, topo, ShardingType.TABLE_WISE, spec.num_embeddings, D, 1)  # factors applied
     ids = B * spec.pooling_factor * F
-    own_out = (B * F if spec.pooled else ids) * D * OUTPUT_BYTES
+    own_rows = B * F if spec.pooled else ids
     send_intra, send_inter = _spread_ms(W * (ids * ID_BYTES + B * F * LENGTH_BYTES), topo)
+    grad_intra, grad_inter = _spread_ms(W * own_rows * D * wire_bytes(topo, "backward"), topo)
     extra = _factored(Perf(input_dist_ms=send_intra + _route_ms(spec, topo, W * ids, W * B * F),
-                           output_dist_fwd_ms=_assemble_ms(spec, topo, own_out, ids)), topo, Perf(input_dist_ms=send_inter))
+                           output_dist_fwd_ms=_assemble_ms(spec, topo, own_rows * D * OUTPUT_BYTES, ids),
+                           output_dist_bwd_ms=grad_intra), topo, Perf(input_dist_ms=send_inter, output_dist_bwd_ms=grad_inter))
     return Perf(input_dist_ms=held.input_dist_ms + extra.input_dist_ms, lookup_fwd_ms=held.lookup_fwd_ms,
-                output_dist_fwd_ms=extra.output_dist_fwd_ms, output_dist_bwd_ms=held.output_dist_bwd_ms,
+                output_dist_fwd_ms=extra.output_dist_fwd_ms, output_dist_bwd_ms=held.output_dist_bwd_ms + extra.output_dist_bwd_ms,
                 lookup_bwd_ms=held.lookup_bwd_ms)
 
 
@@ -399,7 +406,7 @@ def mode_group_perf(topo: Topology, mode: str, inference: bool = False) -> Perf:
     if inference:
         return Perf()
     if mode == "allreduce":
-        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)), topo)
+        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)[0]), topo)
     return _factored(Perf(input_dist_ms=topo.input_dist_call_ms + 3 * collective_fixed_ms(topo)), topo)
 
 
