@@ -2,11 +2,15 @@
 
     .venv/bin/python benchmarks/tiered_plan_profile.py            # 1 warm-up + 5 timed plans, cProfile top 30
     .venv/bin/python benchmarks/tiered_plan_profile.py --runs 20 --no-profile
+    .venv/bin/python benchmarks/tiered_plan_profile.py --cold --runs 7     # a fresh process per plan, as the benchmark
 
 Loads the case as tiered_vs_torchrec.py's `cases()` does and plans it as `run_embshard` does (time budget
 10 s, not torchrec_compatible); prints each plan's CPU seconds (time.process_time around the call, as the
 benchmark measures it), their median, the plan's objective and stages, then cProfile's 30 costliest functions
 by cumulative and by own time over 3 more plans. On a shared machine compare versions back to back in one run.
+--cold measures what tiered_vs_torchrec.py measures: each run a fresh subprocess that imports the benchmark's modules
+(tiered_vs_torchrec), loads the tables and times its first plan() alone (one-time costs included: first use of
+numpy and HiGHS, caches built per process); with the profile, cProfile of one more such first plan.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import argparse
 import cProfile
 import io
 import pstats
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,13 +35,61 @@ from embshard.specs import load_tables_file  # noqa: E402
 from embshard.topology import Topology  # noqa: E402
 
 
+def case():
+    specs, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml")
+    return specs, Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=64.0, batch_size_per_rank=4096)
+
+
+def print_profile(profile: cProfile.Profile) -> None:
+    for key in ("cumulative", "tottime"):
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(key).print_stats(30)
+        print(out.getvalue())
+
+
+def cold_child(profiled: bool) -> None:
+    """The first plan of a process that imported what the benchmark imports: its CPU s (and objective) as JSON."""
+    import tiered_vs_torchrec  # noqa: F401  (the benchmark's imports, before its first plan)
+    specs, topo = case()
+    profile = cProfile.Profile() if profiled else None
+    if profile:
+        profile.enable()
+    c0 = time.process_time()
+    p = plan(specs, topo, time_budget_s=10.0)
+    cpu_s = time.process_time() - c0
+    if profile:
+        profile.disable()
+        print_profile(profile)
+    print(json.dumps({"cpu_s": cpu_s, "objective_ms": p.max_rank_ms}))
+
+
+def cold(runs: int, profiled: bool) -> None:
+    cpu_s, objectives = [], set()
+    for i in range(runs):
+        out = subprocess.run([sys.executable, __file__, "--cold-child"], capture_output=True, text=True, check=True, cwd=REPO)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        cpu_s.append(r["cpu_s"])
+        objectives.add(r["objective_ms"])
+        print(f"cold plan {i}: {r['cpu_s']:.4f} CPU s", flush=True)
+    print(f"cold median {statistics.median(cpu_s):.4f} CPU s (min {min(cpu_s):.4f}); objective(s) {sorted(objectives)!r} ms")
+    if profiled:
+        out = subprocess.run([sys.executable, __file__, "--cold-child", "--profiled"], capture_output=True, text=True, check=True, cwd=REPO)
+        print(out.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="timed plans after one warm-up")
+    parser.add_argument("--runs", type=int, default=5, help="timed plans after one warm-up (--cold: fresh processes)")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile tables")
+    parser.add_argument("--cold", action="store_true", help="each run the first plan of a fresh process")
+    parser.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profiled", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    specs, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml")
-    topo = Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=64.0, batch_size_per_rank=4096)
+    if args.cold_child:
+        return cold_child(args.profiled)
+    if args.cold:
+        return cold(args.runs, not args.no_profile)
+    specs, topo = case()
     plan(specs, topo, time_budget_s=10.0)
     cpu_s = []
     for i in range(args.runs):
@@ -51,10 +105,7 @@ def main() -> None:
         for _ in range(3):
             plan(specs, topo, time_budget_s=10.0)
         profile.disable()
-        for key in ("cumulative", "tottime"):
-            out = io.StringIO()
-            pstats.Stats(profile, stream=out).sort_stats(key).print_stats(30)
-            print(out.getvalue())
+        print_profile(profile)
 
 
 if __name__ == "__main__":

@@ -56,42 +56,50 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     `by_cost` order) are tried; ties between moves go to the first shard held, then the first destination tried.
     The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`)."""
     cmax, units, W = costs[r], state.problem.units, len(costs)
-    held, cvs, kernels, new_r = [], [], [], []
+    call_ms, (u0, u1, u2), E, h = state.call_ms, state.U, state.E, state.H[r]
+    held, cvs, kernels, rows, mem, host = [], [], [], [], [], []
     for ui, si in state.held[r].items():  # the shards whose leaving takes r below cmax
         cv = units[ui].cands[state.choice[ui][0]]
-        k = cv.shard_kernels[si] if cv.shard_kernels else ()
-        c = state.cost_with(r, cv.shard_vec[si], -1, k)
+        v = cv.shard_vec[si]
+        if call_ms:
+            k = cv.shard_kernels[si] if cv.shard_kernels else ()
+            c = state.cost_with(r, v, -1, k)
+        else:  # cost_with's float operations
+            k, c = (), max(h[0] - v[0], u0) + max(h[1] - v[1], u1) + max(h[2] - v[2], u2) + h[3] - v[3] + E
         if c < cmax - EPS:
             held.append((ui, si))
             cvs.append(cv)
             kernels.append(k)
-            new_r.append(c)
+            rows.append((*v, c))
+            mem.append(cv.shard_mem[si])
+            host.append(cv.shard_host_mem[si] if cv.shard_host_mem else 0)
     if not held:
         return False
-    X = np.array([(*cv.shard_vec[si], c) for cv, (_, si), c in zip(cvs, held, new_r)])  # (shards, 4 + r's time without it)
+    X = np.array(rows)  # (shards, 4 + r's time without it)
     V = X[:, :4]
     Hn = state.Hn
     a2a = np.maximum(Hn[None, :, :3] + V[:, None, :3], np.array(state.U))  # (shards, ranks, phases)
-    to = a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + Hn[None, :, 3] + V[:, None, 3] + state.E
-    if state.call_ms:
-        to = to + state.call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
+    to = a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + Hn[None, :, 3] + V[:, None, 3] + E
+    if call_ms:
+        to = to + call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
     val = np.maximum(X[:, 4:5], to)
-    ok = state.move_destinations(r, held, cvs) & (np.asarray(costs) < cmax - EPS)
+    ok = state.move_destinations(r, held, cvs)
+    ok &= np.asarray(costs) < cmax - EPS
     position = None
     if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
         after, position = state.costs_after(V), np.empty(W, dtype=np.int64)
         position[by_cost] = np.arange(W)
         order = np.lexsort((np.broadcast_to(position, after.shape), after), axis=1)
-        rows = np.arange(len(held))[:, None]
+        rows_i = np.arange(len(held))[:, None]
         tried = np.zeros_like(ok)
-        tried[rows, order] = np.cumsum(ok[rows, order], axis=1) <= NEAREST_RANKS
+        tried[rows_i, order] = np.cumsum(ok[rows_i, order], axis=1) <= NEAREST_RANKS
         ok &= tried
     ok &= val < cmax - EPS
-    M = np.array([(cv.shard_mem[si], cv.host_mem(si)) for cv, (_, si) in zip(cvs, held)])  # (shards, HBM and host bytes)
-    ok &= np.asarray(state.mem) + M[:, 0:1] + state.UM <= state.problem.cap_bytes
-    if M[:, 1].any():
-        ok &= (M[:, 1:2] == 0) | (np.asarray(state.host) + M[:, 1:2] <= state.problem.host_cap_bytes)
+    ok &= np.asarray(state.mem) + np.array(mem)[:, None] + state.UM <= state.problem.cap_bytes  # (shards, ranks): HBM
+    if any(host):
+        hb = np.array(host)[:, None]
+        ok &= (hb == 0) | (np.asarray(state.host) + hb <= state.problem.host_cap_bytes)
     if not ok.any():
         return False
     val = np.where(ok, val, np.inf)
@@ -117,44 +125,50 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     `_cost_delta` for both, and the same pair wins).
     """
     cmax = costs[r]
-    units = state.problem.units
+    units, W = state.problem.units, len(costs)
     cap = state.problem.cap_bytes - state.UM
     host_cap = state.problem.host_cap_bytes
-    held = [(ui, si, units[ui].cands[state.choice[ui][0]]) for ui, si in state.held[r].items()]
+    choice, held_r = state.choice, state.held[r]
+    held = [(ui, si, units[ui].cands[choice[ui][0]]) for ui, si in held_r.items()]
     mine = sorted(held, key=lambda it: -it[2].shard_cost[it[1]])[:SWAP_SHARDS]
     call_ms = state.call_ms
     u0, u1, u2 = state.U
     E = state.E
     hr = state.H[r]
     mem_r, host_r = state.mem[r], state.host[r]
-    # per shard of r: its unit, index, cost, vector (and its parts), bytes, host bytes, kernels, and r's all-to-all
-    # holder sums without it
-    mine = [(ui, si, cv.shard_cost[si], v, *v, cv.shard_mem[si], cv.host_mem(si), cv.shard_kernels[si] if cv.shard_kernels else (),
-             hr[0] - v[0], hr[1] - v[1], hr[2] - v[2])
+    # per shard of r: its unit, index, cost, vector parts, bytes, host bytes, r's all-to-all holder sums without it,
+    # whether `_allowed` must be asked (beyond "not a rank its unit holds"), its vector and kernels
+    mine = [(ui, si, cv.shard_cost[si], *v, cv.shard_mem[si], cv.host_mem(si), hr[0] - v[0], hr[1] - v[1], hr[2] - v[2],
+             cv.host_bound or len(units[ui].ranks) != W, v, cv.shard_kernels[si] if cv.shard_kernels else ())
             for ui, si, cv in mine for v in (cv.shard_vec[si],)]
     if not mine:
         return False
-    costliest, least_compute = max(m[2] for m in mine), min(m[7] for m in mine)
+    costliest, least_compute = max(m[2] for m in mine), min(m[6] for m in mine)
     best = None
     for q in by_cost[:SWAP_RANKS]:
         slack = cmax - costs[q]
         if q == r or slack <= EPS:
             continue
-        hq = state.H[q]
+        hq, held_q = state.H[q], state.held[q]
         mem_q, host_q = state.mem[q], state.host[q]
         # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
-        theirs = [(uj, sj, c_j, w, *w, cw.shard_mem[sj], cw.host_mem(sj), cw.shard_kernels[sj] if cw.shard_kernels else (),
-                   hq[0] - w[0], hq[1] - w[1], hq[2] - w[2])
-                  for uj, sj in state.held[q].items()
-                  for cw in (units[uj].cands[state.choice[uj][0]],) for c_j in (cw.shard_cost[sj],)
-                  if c_j < costliest and least_compute - c_j < slack and _allowed(state, uj, sj, q, r)
-                  for w in (cw.shard_vec[sj],)]
+        theirs = []
+        for uj, sj in held_q.items():
+            if uj in held_r:  # (`_allowed`'s first test, to r)
+                continue
+            cw = units[uj].cands[choice[uj][0]]
+            c_j = cw.shard_cost[sj]
+            if c_j < costliest and least_compute - c_j < slack and (
+                    not (cw.host_bound or len(units[uj].ranks) != W) or _allowed(state, uj, sj, q, r)):
+                w = cw.shard_vec[sj]
+                theirs.append((uj, sj, c_j, *w, cw.shard_mem[sj], cw.host_mem(sj), hq[0] - w[0], hq[1] - w[1], hq[2] - w[2],
+                               w, cw.shard_kernels[sj] if cw.shard_kernels else ()))
         if not theirs:
             continue
-        for ui, si, c_i, v, v0, v1, v2, v3, m, hi, k_i, a0, a1, a2 in mine:
-            if not _allowed(state, ui, si, r, q):
+        for ui, si, c_i, v0, v1, v2, v3, m, hi, a0, a1, a2, ask, v, k_i in mine:
+            if ui in held_q or (ask and not _allowed(state, ui, si, r, q)):
                 continue
-            for uj, sj, c_j, w, w0, w1, w2, w3, mw, hj, k_j, b0, b1, b2 in theirs:
+            for uj, sj, c_j, w0, w1, w2, w3, mw, hj, b0, b1, b2, w, k_j in theirs:
                 # q's time grows by at least v's compute minus all of w (necessary condition)
                 if c_j >= c_i or v3 - c_j >= slack:
                     continue
@@ -244,7 +258,7 @@ def _try_reshard(state: RankState, r: int, costs: list[float], max_units: int = 
         # (a maximum above the ceiling on any ranks is not accepted)
         cis = [ci for ci, f in enumerate(floors) if f <= ceiling + EPS]
         if cis:  # nor is one whose ranks, at their least with its shards, are as high as the maximum and too high to smooth it
-            least = _least_with_shards(state.costs_without_shards([units[ui].cands[ci] for ci in cis]), units[ui].compute_desc[cis])
+            least = _least_with_shards(state.costs_without_shards(units[ui], cis), units[ui].compute_desc[cis])
             top = least.max(axis=1)
             high, smooth = top >= cmax - EPS, _potentials(least, cmax) < before * (1 - 1e-9)
             cis = [ci for ci, out in zip(cis, high & ~(smooth & (top <= ceiling))) if not out]
@@ -282,7 +296,7 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
         # (below a floor of cmax, moves and swaps cannot bring every rank below cmax)
         cis = [ci for ci, f in enumerate(floors) if f < cmax]
         if cis:  # nor can one that holds r at the maximum before its shards come take r below it
-            cis = [ci for ci, c in zip(cis, state.costs_without_shards([units[ui].cands[ci] for ci in cis])[:, r]) if c < cmax - EPS]
+            cis = [ci for ci, c in zip(cis, state.costs_without_shards(units[ui], cis)[:, r]) if c < cmax - EPS]
         if cis:
             base = state.costs()
             for ci, pick, new_costs in place_each(state, ui, cis, state.cheapest_first(units[ui].ranks, base), base):

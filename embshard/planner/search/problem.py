@@ -64,7 +64,7 @@ class CandVec:
     @cached_property
     def holder_sums(self) -> tuple[float, float, float, float]:
         """The shard vectors summed over the candidate's shards."""
-        return tuple(sum(v[p] for v in self.shard_vec) for p in range(4))
+        return tuple(map(sum, zip(*self.shard_vec))) if self.shard_vec else (0, 0, 0, 0)  # (each part summed in shard order)
 
     @cached_property
     def largest_mem(self) -> int:
@@ -165,6 +165,11 @@ class Unit:
         """Per candidate, as arrays: its holder_sums (C, 4), req_vec (C, 3) and every_ms (C,)."""
         return (np.array([cv.holder_sums for cv in self.cands]).reshape(-1, 4), np.array([cv.req_vec for cv in self.cands]).reshape(-1, 3),
                 np.array([cv.every_ms for cv in self.cands]))
+
+    @cached_property
+    def largest_vecs(self) -> np.ndarray:
+        """Per candidate, its costliest shard's vector (`CandVec.largest_first`; zeros for a data-parallel one): (C, 4)."""
+        return np.array([cv.shard_vec[cv.largest_first[0]] if cv.shard_vec else (0.0,) * 4 for cv in self.cands]).reshape(-1, 4)
 
     @cached_property
     def compute_desc(self) -> np.ndarray:

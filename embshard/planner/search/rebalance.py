@@ -78,7 +78,7 @@ def unreplicate(state: RankState, deadline: float) -> int:
         old = state.remove(ui)
         cis = [ci for ci, cv in enumerate(units[ui].cands) if not cv.data_parallel]
         if cis:  # those that hold a rank at the maximum with their requester side alone cannot take it below
-            least = state.costs_without_shards([units[ui].cands[ci] for ci in cis]).max(axis=1)
+            least = state.costs_without_shards(units[ui], cis).max(axis=1)
             cis = [ci for ci, m in zip(cis, least.tolist()) if m < cmax - EPS]
         best = None
         if cis:

@@ -110,7 +110,7 @@ class RankState:
 
     def cost_arrays_with(self, ui: int, picks: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
         """cost_array_with(ui, ci, ranks) for each (ci, ranks) of `picks`, one row each (computed at once)."""
-        cands = self.problem.units[ui].cands
+        unit = self.problem.units[ui]
         if self.call_ms:  # kernel counts change too: place each and take it back
             rows = []
             for ci, ranks in picks:
@@ -118,26 +118,30 @@ class RankState:
                 rows.append(self.cost_array())
                 self.add(ui, ci, ranks, -1)
             return np.array(rows).reshape(len(picks), len(self.H))
-        cvs = [cands[ci] for ci, _ in picks]
+        cands = unit.cands
         h = np.repeat(self.Hn[None], len(picks), axis=0)
         placed = [(j, ranks) for j, (_, ranks) in enumerate(picks) if ranks]
         if placed:
             h[[j for j, ranks in placed for _ in ranks], [r for _, ranks in placed for r in ranks]] += np.concatenate(
-                [cvs[j].shard_array for j, _ in placed])
-        return self._priced(h, cvs)
+                [cands[picks[j][0]].shard_array for j, _ in placed])
+        return self._priced(h, unit, [ci for ci, _ in picks])
 
-    def costs_without_shards(self, cands: list[CandVec]) -> np.ndarray:
-        """Per candidate (of a unit not placed), every rank's cost with its requester side and every-rank part
-        but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
+    def costs_without_shards(self, unit: Unit, cis: list[int]) -> np.ndarray:
+        """Per candidate ci of `cis` (of a unit not placed), every rank's cost with its requester side and every-rank
+        part but none of its shards (kernel calls as they are): at most `cost_arrays_with`'s on any ranks, rank by
         rank (the same float operations on terms no larger), so a candidate this rules out needs no placing."""
-        c = self._priced(self.Hn[None], cands)
+        c = self._priced(self.Hn[None], unit, cis)
         return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
 
-    def _priced(self, h: np.ndarray, cvs: list[CandVec]) -> np.ndarray:
-        """Per candidate j, every rank's cost (kernel calls left out) from holder sums h[j] ((n, W, 4), or
-        (1, W, 4) for all alike) and the state's requester side and every-rank time with cv j's added."""
-        u = np.array(self.U) + np.array([cv.req_vec for cv in cvs]).reshape(len(cvs), 3)
-        tail = np.array([self.E + cv.every_ms + (self._new_groups_ms(cv) if cv.every_groups else 0) for cv in cvs])
+    def _priced(self, h: np.ndarray, unit: Unit, cis: list[int]) -> np.ndarray:
+        """Per candidate ci of `cis` (of `unit`), every rank's cost (kernel calls left out) from holder sums h[j]
+        ((n, W, 4), or (1, W, 4) for all alike) and the state's requester side and every-rank time with its added."""
+        _, req, every = unit.sums
+        u = np.array(self.U) + req[cis]
+        tail = self.E + every[cis]
+        for j, ci in enumerate(cis):
+            if unit.cands[ci].every_groups:
+                tail[j] += self._new_groups_ms(unit.cands[ci])
         a2a = np.maximum(h[:, :, :3], u[:, None, :])
         return a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + h[:, :, 3] + tail[:, None]
 
