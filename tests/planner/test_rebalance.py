@@ -74,3 +74,25 @@ def test_plans_rebalanced_are_not_slower(monkeypatch):
     plain = api.plan(specs, TOPO, time_budget_s=60)
     assert rebalanced.search["rebalanced"]["moves"] > 0 and plain.search["rebalanced"] == {"moves": 0, "unreplicated": 0}
     assert rebalanced.max_rank_ms < plain.max_rank_ms and rebalanced.lower_bound_ms <= rebalanced.max_rank_ms
+
+
+@pytest.mark.parametrize("left_s, first", [(1.5, True), (2.5, False)])
+def test_a_start_rebalances_before_its_kicks_when_they_would_not_end(converged, monkeypatch, left_s, first):
+    # a descent of 1 s with 1.5 s left (under REBALANCE_FIRST = 2 descents): rebalanced, then kicked; with 2.5 s
+    # left the kicks come first (plan() rebalances the best plan after them). At 5,000 x 1,024 kicks first stopped
+    # at 33.04 ms, rebalancing first reached 32.42 in the same 10 s
+    from embshard.planner.search import local
+
+    now, calls = [100.0], []
+
+    def descent(state, deadline, kicks=True, kick_first=False):
+        calls.append("kicks" if kick_first else "descent")
+        now[0] += 1.0 if not kick_first else 0.0
+        return state, 1
+
+    monkeypatch.setattr(local.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(local, "local_search", descent)
+    monkeypatch.setattr(Polisher, "rebalance", lambda self, state, deadline, steps: (calls.append("rebalance"), (state, steps))[1])
+    _, state = converged
+    local.Polisher()(state.copy(), now[0] + 1.0 + left_s)
+    assert calls == (["descent", "rebalance", "kicks"] if first else ["descent", "kicks"])

@@ -34,6 +34,7 @@ KICK_AFTER = 20  # steps without a new best maximum before the first kick
 KICK_UNITS = 6  # the slowest rank's hottest units a kick re-shards
 KICK_LAYOUTS = 12  # layouts tried per unit in a kick (those that lift the fewest ranks to the maximum)
 REPAIR_STEPS = 32  # moves and swaps a kick may take to bring every rank below the old maximum
+REBALANCE_FIRST = 2.0  # a start is rebalanced before its kicks when less time is left than this many times its descent took
 
 
 def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
@@ -383,7 +384,7 @@ class Polisher:
     best start's plan is kept: a start's kicks run when its descent, lowered by the least ratio of kicked to
     descended maximum seen so far (`gain`), would beat the best plan polished so far (the first start's always run).
     A start is rebalanced (`rebalance`: embshard.planner.search.rebalance) before its kicks when less time is left
-    than its descent took; plan() rebalances the best plan where its kicks ended."""
+    than REBALANCE_FIRST times its descent took; plan() rebalances the best plan where its kicks ended."""
 
     def __init__(self) -> None:
         self.best_ms, self.gain = float("inf"), 1.0
@@ -393,11 +394,14 @@ class Polisher:
     def __call__(self, state: RankState, deadline: float) -> tuple[RankState, int]:
         start = time.perf_counter()
         descended, steps = local_search(state, deadline, kicks=False)
-        # kicks that would not end in the time left (it is less than the descent took: 5,000 x 1,024) come after
+        # kicks that would not end in the time left (less than REBALANCE_FIRST times the descent took) come after
         # the surer gain of rebalancing; else plan() rebalances its best plan where its kicks ended (rebalancing
-        # every start before its kicks: 200 x 64 ended at 1.2843 ms against 1.2667, 2,000 x 512 10.78 against 10.74)
+        # every start before its kicks: 200 x 64 ended at 1.2843 ms against 1.2667, 2,000 x 512 10.78 against 10.74).
+        # At 5,000 x 1,024 (10 s budget) the first start's descent takes 1.1 CPU s to 33.38 ms and its share of the time
+        # is then a little more than that: kicks first (a factor 1) stop at 33.04, rebalancing first (0.8 s with a short
+        # descent after it) reaches 32.69, and kicks from there 32.42
         now = time.perf_counter()
-        if deadline - now < now - start:
+        if deadline - now < REBALANCE_FIRST * (now - start):
             descended, steps = self.rebalance(descended, deadline, steps)
         ms = max(descended.costs())
         if ms * self.gain >= self.best_ms:
