@@ -102,10 +102,11 @@ class _LowRankCross(torch.autograd.Function):
         params, saved = rest[:3 * L], rest[3 * L:]
         grads: list[Tensor | None] = [None] * (3 * L)
         g_BN, g0_BN = grad_BN, None
+        du_BN = torch.empty_like(x0_BN)  # each layer's, in one buffer: its products are taken before the next layer's
         for layer in reversed(range(L)):
             V_RN, W_NR, _ = params[3 * layer:3 * layer + 3]
             x_BN, z_BR, u_BN = saved[3 * layer:3 * layer + 3]
-            du_BN = g_BN * x0_BN
+            torch.mul(g_BN, x0_BN, out=du_BN)
             g0_BN = g_BN * u_BN if g0_BN is None else g0_BN.addcmul_(g_BN, u_BN)
             dz_BR = du_BN.mm(W_NR)
             grads[3 * layer:3 * layer + 3] = [dz_BR.t().mm(x_BN), du_BN.t().mm(z_BR), du_BN.sum(0)]
