@@ -94,7 +94,7 @@ def test_the_inter_host_legs_of_the_all_reduce_are_link_time_that_the_phase_fact
     """dp_allreduce_factor (a rank's work, fitted on one host) scales the all-reduce's work inside a host; its legs
     across hosts are link time, as the other phases' (`perf._factored`). A factor of 0.15 once priced 20 MB of
     gradients crossing a 0.25 GB/s link at 12 ms where the link alone takes 82."""
-    from embshard.planner.cost.allreduce import flat_allreduce_link_ms, hierarchical_allreduce_link_ms, runtime_allreduce_link_ms
+    from embshard.planner.cost.allreduce import flat_allreduce_link_ms, hierarchical_allreduce_link_ms, runtime_allreduce_parts_ms
 
     two_hosts = Topology(world_size=4, local_world_size=2, intra_host_gb_per_s=3.0, inter_host_gb_per_s=0.25, full_duplex=False)
     # hierarchical: each rank's half of the buffer around the ring of 2 hosts: 2 x 1/2 of it sent and as much
@@ -104,14 +104,15 @@ def test_the_inter_host_legs_of_the_all_reduce_are_link_time_that_the_phase_fact
     assert flat_allreduce_link_ms(20 * MB, two_hosts) == pytest.approx(2 * 20 * 3 / 4 / 0.25)
     assert flat_allreduce_ms(20 * MB, two_hosts) == pytest.approx(2 * 20 * 3 / 4 / 0.25 + 2 * 20 * 3 / 4 / 3.0)
     one_host = replace(two_hosts, local_world_size=4)
-    assert runtime_allreduce_link_ms(20 * MB, one_host) == 0.0
+    assert runtime_allreduce_parts_ms(20 * MB, one_host)[1] == 0.0
     assert flat_allreduce_link_ms(20 * MB, replace(two_hosts, local_world_size=1)) == pytest.approx(flat_allreduce_ms(20 * MB, replace(two_hosts, local_world_size=1)))
 
     specs = [TableSpec("t", 20_000, 64, optimizer="sgd")]  # 5.12 MB of gradients
     for topo in (two_hosts, replace(two_hosts, reduce_in_host=False), one_host):
         tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, {"t": ("data_parallel", ())}).tables]
         whole = evaluate(specs, topo, tables).ranks[0].perf.dp_allreduce_ms
-        link = runtime_allreduce_link_ms(20_000 * 64 * 4, topo)
+        total, link = runtime_allreduce_parts_ms(20_000 * 64 * 4, topo)
+        assert total == runtime_allreduce_ms(20_000 * 64 * 4, topo)
         assert (link > 0) == (topo.num_hosts > 1)
         scaled = evaluate(specs, replace(topo, dp_allreduce_factor=0.15), tables).ranks[0].perf.dp_allreduce_ms
         assert scaled == pytest.approx(0.15 * (whole - link) + link, rel=1e-12)

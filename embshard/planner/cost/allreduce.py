@@ -104,8 +104,9 @@ def runtime_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     return (hierarchical_total_ms if hierarchical_allreduce(num_bytes, topo) else flat_total_ms)(num_bytes, topo)
 
 
-def runtime_allreduce_link_ms(num_bytes: float, topo: Topology) -> float:
-    """Of `runtime_allreduce_ms`, the time on inter-host links (0 on one host): link time, which the cost model's
-    per-phase factors (a rank's work, fitted on one host) do not scale."""
-    hierarchical = hierarchical_allreduce(num_bytes, topo)
-    return (hierarchical_allreduce_link_ms if hierarchical else flat_allreduce_link_ms)(num_bytes, topo)
+def runtime_allreduce_parts_ms(num_bytes: float, topo: Topology) -> tuple[float, float]:
+    """(`runtime_allreduce_ms`, of it the time on inter-host links: 0 on one host), the runtime's choice made once.
+    Link time is apart because the cost model's per-phase factors (a rank's work, fitted on one host) do not scale it."""
+    if hierarchical_allreduce(num_bytes, topo):
+        return hierarchical_total_ms(num_bytes, topo), hierarchical_allreduce_link_ms(num_bytes, topo)
+    return flat_total_ms(num_bytes, topo), flat_allreduce_link_ms(num_bytes, topo)

@@ -74,8 +74,7 @@ from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
 from embshard.comms import WIRE_BYTES  # noqa: F401
-from embshard.planner.cost.allreduce import (collective_fixed_ms, flat_allreduce_link_ms, flat_allreduce_ms, runtime_allreduce_link_ms,
-                                             runtime_allreduce_ms)
+from embshard.planner.cost.allreduce import collective_fixed_ms, flat_allreduce_link_ms, flat_allreduce_ms, runtime_allreduce_parts_ms
 from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allreduce_ms  # noqa: F401 (calibrate's fit: bandwidth terms)
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.tiers import hit_rate
@@ -347,7 +346,7 @@ def _dp_exchange_ms(num_floats: int, topo: Topology) -> tuple[float, float]:
     if topo.sharded_dp_update:
         num_bytes = num_floats * (wire + GRAD_BYTES) / 2
         return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2), flat_allreduce_link_ms(num_bytes, topo)
-    return runtime_allreduce_ms(num_floats * wire, topo), runtime_allreduce_link_ms(num_floats * wire, topo)
+    return runtime_allreduce_parts_ms(num_floats * wire, topo)
 
 
 def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:

@@ -37,6 +37,12 @@ REPAIR_STEPS = 32  # moves and swaps a kick may take to bring every rank below t
 REBALANCE_FIRST = 2.0  # a start is rebalanced before its kicks when less time is left than this many times its descent took
 
 
+def _restricted(unit, cv, world_size: int) -> bool:
+    """Does `_allowed` test more than "not a rank the unit holds" for a shard of candidate cv of unit: the unit is
+    limited to some ranks, or cv to the host it is on?"""
+    return cv.host_bound or len(unit.ranks) != world_size
+
+
 def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
     """May shard si of unit ui live on dst instead of src?"""
     if ui in state.held[dst]:
@@ -140,7 +146,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     # per shard of r: its unit, index, cost, vector parts, bytes, host bytes, r's all-to-all holder sums without it,
     # whether `_allowed` must be asked (beyond "not a rank its unit holds"), its vector and kernels
     mine = [(ui, si, cv.shard_cost[si], *v, cv.shard_mem[si], cv.host_mem(si), hr[0] - v[0], hr[1] - v[1], hr[2] - v[2],
-             cv.host_bound or len(units[ui].ranks) != W, v, cv.shard_kernels[si] if cv.shard_kernels else ())
+             _restricted(units[ui], cv, W), v, cv.shard_kernels[si] if cv.shard_kernels else ())
             for ui, si, cv in mine for v in (cv.shard_vec[si],)]
     if not mine:
         return False
@@ -160,7 +166,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
             cw = units[uj].cands[choice[uj][0]]
             c_j = cw.shard_cost[sj]
             if c_j < costliest and least_compute - c_j < slack and (
-                    not (cw.host_bound or len(units[uj].ranks) != W) or _allowed(state, uj, sj, q, r)):
+                    not _restricted(units[uj], cw, W) or _allowed(state, uj, sj, q, r)):
                 w = cw.shard_vec[sj]
                 theirs.append((uj, sj, c_j, *w, cw.shard_mem[sj], cw.host_mem(sj), hq[0] - w[0], hq[1] - w[1], hq[2] - w[2],
                                w, cw.shard_kernels[sj] if cw.shard_kernels else ()))
