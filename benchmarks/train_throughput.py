@@ -7,9 +7,10 @@ Two gloo ranks on CPU (or 2 hosts x 2, below) train the same model on the same t
 pre-generated), the same plan and the same optimizers: embshard's planner plans the tables
 (``torchrec_compatible``, so TorchRec can run the layout), the plan goes to TorchRec through
 `embshard.interop.torchrec.to_torchrec_plan`. embshard: `embshard.models.dlrm.DLRM` sharded
-by `shard_model` (fused rowwise_adagrad for every table, DDP + Adagrad for the MLPs). TorchRec:
+by `shard_model` (fused rowwise_adagrad for every table, DDP + Adagrad for the MLPs, torch's fused=True
+implementation as embshard's trainer builds it). TorchRec:
 `torchrec.models.dlrm.DLRM` (or DLRM_DCN) with fused EXACT_ROWWISE_ADAGRAD, data-parallel
-tables under DDP with torchrec's RowWiseAdagrad, Adagrad for the MLPs. A step is forward, BCE
+tables under DDP with torchrec's RowWiseAdagrad, the same fused Adagrad for the MLPs. A step is forward, BCE
 loss, backward (fused table updates) and the dense optimizer step. Each case runs ROUNDS
 rounds of ITERS steps of each configuration below, alternating; the best round of each
 counts, which damps noise from other load on the machine. Besides wall-clock samples/s it
@@ -114,7 +115,7 @@ def embshard_model(specs, plan, pg, interaction: str, bottom, top):
     config = DLRMConfig(interaction=interaction, bottom_mlp=bottom, top_mlp=top, dcn_num_layers=DCN_LAYERS,
                         dcn_low_rank=DCN_RANK)
     model = shard_model(DLRM(config, specs, 13), plan, pg, optimizer=OptimizerConfig(learning_rate=LR_SPARSE, eps=EPS))
-    return model, [torch.optim.Adagrad(model.parameters(), lr=LR_DENSE, eps=EPS)]
+    return model, [torch.optim.Adagrad(model.parameters(), lr=LR_DENSE, eps=EPS, fused=True)]
 
 
 def torchrec_model(specs, plan, pg, interaction: str, bottom, top):
@@ -142,7 +143,7 @@ def torchrec_model(specs, plan, pg, interaction: str, bottom, top):
     # Data-parallel tables (dense kernel, under DDP); tables held by other ranks show up as empty placeholders.
     tables = [p for n, p in rest if "embedding_bags" in n and p.dim() == 2]
     mlps = [p for n, p in rest if "embedding_bags" not in n]
-    optimizers = [torch.optim.Adagrad(mlps, lr=LR_DENSE, eps=EPS)]
+    optimizers = [torch.optim.Adagrad(mlps, lr=LR_DENSE, eps=EPS, fused=True)]
     if tables:
         optimizers.append(RowWiseAdagrad(tables, lr=LR_SPARSE, eps=EPS))
     return model, optimizers
@@ -282,7 +283,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"Command: `{meta['command']}`",
         "",
         "Same tables (criteo_small: 26 tables, dim 16, up to 100,000 rows), batches, plan (embshard's planner, "
-        f"torchrec_compatible, on {profile_sentence(meta['profile'])}) and optimizers (fused rowwise_adagrad for tables, Adagrad for MLPs). "
+        f"torchrec_compatible, on {profile_sentence(meta['profile'])}) and optimizers (fused rowwise_adagrad for tables, torch's fused Adagrad for MLPs on both sides). "
         "Bottom MLP 13-64-16, top MLP 256-128-1; DCN: 3 layers, rank 64. "
         "Each runtime runs two ways: embshard plain and pipelined (`pipeline: true`: the next batch's input dist on a "
         "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
