@@ -219,8 +219,11 @@ SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a ran
 # many ranks the requester side hides most of a shard's all-to-all time, and a table with many ids per sample adds far
 # more than its share of the total (5,000 x 1,024: t2650, 8.46 ms whole, under SPLIT_SHARE of the average 42.4 ms, adds
 # 4.48 ms where the average rank adds 4.38, and alone on its rank it was the slowest, 33.02 ms). 0.8 splits 5 more
-# tables of 5,000 there (32.42 -> 31.41-31.61 ms), 3 of 1,000 at 1,000 x 256 and 1 of 2,000 at 2,000 x 512 (none at
-# smaller sizes); 1.0 (3 at 5,000 only) stopped at 31.75 ms, 0.5 and 0.6 (48 and 24 more) at 31.43-32.54
+# tables of 5,000 there (33.03 -> 31.41-31.65 ms with plan()'s packing rule and kicks after rebalancing), 3 of 1,000 at
+# 1,000 x 256 (5.6181 -> 5.5020 ms; the LP bound 5.4255 -> 5.1943: it was the largest-shard row of t0672 whole, so
+# the old plan's 3.6% gap was to a bound of the layouts then enumerated, which the new plan beats) and 1 of 2,000 at
+# 2,000 x 512 (same plan), none at 150 x 8, 500 x 64 or on the shipped tables; 1.0 (3 more at 5,000 only) stopped at
+# 31.75 ms, 0.9 at 31.49 (but 1,000 x 256 5.6331), 0.5 and 0.6 (48 and 24 more) at 31.43-32.54 with the bound 29.40
 ADDED_SHARE = 0.8
 FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the average load or memory
 
