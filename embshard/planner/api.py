@@ -33,7 +33,7 @@ from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
 from embshard.planner.search.local import Polisher, local_search, rank_order_rows
-from embshard.planner.search.pack import target_pack
+from embshard.planner.search.pack import rounds_needed, target_pack
 from embshard.planner.search.problem import Problem, build_problem
 from embshard.planner.search.state import RankState
 from embshard.planner.splits import col_splits, row_splits
@@ -47,7 +47,6 @@ BOUND_SHARE = 0.5  # of the time left after enumeration, the most the LP bound m
 # the LP bound is not started with less time than this share of the enumeration time: it takes 0.8 to 0.9 of it
 # (1,000 x 256 to 5,000 x 1,024), so it would run out of time, and the quick bound is reported either way
 BOUND_MIN_SHARE = 0.5
-PACK_GREEDY_PASSES = 2  # target packing runs only with at least this many greedy passes' time left
 ENUMERATE_SHARE = 0.5  # of the budget, after which tables still to enumerate get no split candidates
 
 
@@ -97,7 +96,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
     it left to those tables (better tiers on any ranks, none above the maximum; embshard.planner.search.caches). Each
     start's local search is a descent, then kicks where they may pay (`local.Polisher`; the plan's ``search`` counts
     the ``starts_not_kicked``), and a rebalancing of the ranks' hidden holder side and replicas (``rebalanced``:
-    shards moved and replicas made shards, embshard.planner.search.rebalance). The
+    shards moved and replicas made shards, embshard.planner.search.rebalance), and kicks again from the rebalanced plan
+    with the time left. The
     search is deterministic when it ends before the budget: the same inputs give the same plan.
     comms: the wire dtypes of embeddings, gradients and data-parallel gradients (``planner.comms``);
     priced by the cost model and recorded in the plan's topology (None: the topology's, fp32 by default).
@@ -143,10 +143,11 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         else:
             clock.skip("tiers-first start (out of time)")
     packed, rounds = None, 0
-    # a packing round costs about one greedy pass, and its plan's polish about as much again: with less time left the
-    # rebalancing below gets it (5,000 x 1,024: 1.5 s of packing finished nothing and left no time to rebalance, 33.04 ms
-    # against 32.40 rebalanced)
-    if max(state.costs()) > good_enough and clock.left_s() < PACK_GREEDY_PASSES * greedy_s:
+    # a packing round costs about one greedy pass, and its plan's polish about as much again: packing runs when its
+    # rounds (`rounds_needed` from the bound to the best plan) and the polish fit the time left, else rebalancing and
+    # kicks below get the time (5,000 x 1,024: 4.6 s of packing, 6 rounds, found nothing better and left no time to
+    # rebalance, 33.03 ms against 32.42 rebalanced; 2,000 x 512: 6 rounds, 1.4 s, its plan the best, 10.68 ms)
+    if max(state.costs()) > good_enough and clock.left_s() < (rounds_needed(bound, max(state.costs())) + 1) * greedy_s:
         clock.skip("target packing (out of time)")
     elif max(state.costs()) > good_enough:
         packed, rounds = target_pack(problem, default_order(problem), bound, max(state.costs()), clock.search_deadline)
@@ -166,6 +167,14 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         if max(state.costs()) < before_ms:
             method += f"+rebalance+local_search({steps} steps)"
         clock.lap("rebalance")
+        # rebalanced, the plan is no longer where its kicks ended: kick again from there with the time left (5,000 x 1,024
+        # with the splits of ADDED_SHARE: 31.41 and 31.47 ms after 259 and 23 steps of kicks, from 31.61 without)
+        if max(state.costs()) < before_ms and max(state.costs()) > good_enough and clock.left_s() > 0:
+            kicked_ms = max(state.costs())
+            state, steps = local_search(state, clock.search_deadline, kick_first=True)
+            if max(state.costs()) < kicked_ms:
+                method += f"+kicks({steps} steps)"
+            clock.lap("kicks")
     if use_ilp and max(state.costs()) > bound * 1.01:
         improved, ilp_bound, note = improve_with_ilp(problem, state, time.perf_counter() + ilp_time_s)
         if improved is not None:

@@ -2,7 +2,7 @@
 
 Shard counts: powers of two up to the limit, plus the limit itself (world size for
 row-wise, the host size for table_row_wise/table_column_wise, columns/4 for column splits),
-restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE) are offered only
+restricted by pinned ranks. Small tables (see search.problem.SPLIT_SHARE and ADDED_SHARE) are offered only
 data_parallel and table_wise: splitting them cannot help balance. Host-bound types are offered only on multi-host topologies
 (on one host they equal row_wise/column_wise) unless they are the only allowed type.
 

@@ -20,7 +20,9 @@ from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.greedy import default_order, greedy, place
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.local import local_search, rank_order_rows
-from embshard.planner.search.problem import build_problem
+from embshard.planner.search.pack import ROUNDS, TOLERANCE, rounds_needed
+from embshard.planner.enumerate import candidate
+from embshard.planner.search.problem import ADDED_SHARE, SPLIT_SHARE, _added_ms, _split_worthy, build_problem, perf_vector
 from embshard.planner.search.state import RankState
 from embshard.specs import TableSpec
 from embshard.topology import GIB, Topology
@@ -305,6 +307,25 @@ def test_row_splits_stop_at_blocks_too_small_to_balance():
     assert compatible and all(c == {1024} for c in compatible)  # TorchRec's row_wise: all ranks, never pruned
 
 
+def test_a_table_that_adds_more_than_the_average_rank_above_the_requester_side_is_split():
+    """5,000 x 1,024: t2650 (106.7 ids a sample, 8.46 ms whole) is under SPLIT_SHARE of the average load (42.4 ms, most
+    of it all-to-all time the requester side hides), yet whole it adds 4.48 ms to its rank above the requester side,
+    more than the average rank adds (4.38 ms): it is offered splits, and split in two it adds less."""
+    specs = tuple(generate_tables(5000, seed=0, sequence_fraction=0.1))
+    topo = Topology(world_size=1024, local_world_size=8, hbm_gib=16, batch_size_per_rank=128, device="cuda")
+    worthy, _, row_limit, _, table_wise = _split_worthy(specs, topo, Constraints(), False)
+    added, average_ms = _added_ms(table_wise, topo)
+    whole_ms = table_wise["t2650"].shards[0].perf.total_ms
+    avg_ms = sum(c.shards[0].perf.total_ms for c in table_wise.values()) / topo.world_size
+    assert whole_ms < SPLIT_SHARE * avg_ms and added["t2650"] > average_ms > ADDED_SHARE * average_ms
+    assert added["t2650"] == pytest.approx(4.4777, abs=1e-4) and average_ms == pytest.approx(4.3848, abs=1e-4)
+    assert "t2650" in worthy and row_limit["t2650"] >= 2
+    spec = next(s for s in specs if s.name == "t2650")
+    half = perf_vector(candidate(spec, topo, ShardingType.ROW_WISE, 2).shards[0].perf)
+    whole = perf_vector(table_wise["t2650"].shards[0].perf)
+    assert half[0] < whole[0] / 1.9 and half[3] < whole[3]  # each block: half the ids, less compute
+
+
 def test_bound_counts_the_requester_side_on_a_big_shards_rank():
     # one compute-heavy table and 40 small ones, table-wise on 8 ranks: the big table's rank pays every rank's
     # requester side (the small tables' outputs) on top of its own lookup, more than its shard's own all-to-all
@@ -410,3 +431,15 @@ def test_place_after_rejects_a_layout_above_the_ceiling_before_placing_it():
     new_max = float(state.cost_array_with(0, 0, pick).max())
     assert place(state, unit, cv, by_cost, costs, after=True, ceiling=new_max) == pick
     assert place(state, unit, cv, by_cost, costs, after=True, ceiling=0.99 * min(state.costs_after(cv.shard_vec[0]))) is None
+
+
+def test_packing_rounds_needed_follow_the_bisection():
+    # target_pack halves [bound, best] until it is TOLERANCE of its upper end, at most ROUNDS rounds: 2,000 x 512
+    # (bound 10.32, best start 10.76) takes 6, 5,000 x 1,024 (30.21, 33.38) 7; plan() packs only when they fit
+    assert rounds_needed(10.3219, 10.7644) == 6
+    assert rounds_needed(30.2076, 33.3800) == 7
+    assert rounds_needed(1.0, 1.0005) == 0 and rounds_needed(1.0, 100.0) == ROUNDS
+    lo, hi, n = 30.2076, 33.38, 0
+    while hi - lo > TOLERANCE * hi:  # the worst case: every round's target missed from above
+        lo, n = (lo + hi) / 2, n + 1
+    assert n == rounds_needed(30.2076, 33.38)

@@ -9,6 +9,7 @@ and narrows T between the lower bound and it.
 
 from __future__ import annotations
 
+import math
 import time
 
 from embshard.planner.search.greedy import place
@@ -55,15 +56,26 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float, by
     return state
 
 
+TOLERANCE = 1e-3  # the bisection stops when its interval is this share of its upper end
+ROUNDS = 8  # and after this many rounds
+
+
+def rounds_needed(lower: float, upper: float) -> int:
+    """The rounds `target_pack` takes between lower and upper when every round halves the interval (at most ROUNDS)."""
+    if upper - lower <= TOLERANCE * upper:
+        return 0
+    return min(ROUNDS, math.ceil(math.log2((upper - lower) / (TOLERANCE * upper))))
+
+
 def target_pack(problem: Problem, order: list[int], lower: float, upper: float, deadline: float,
-                rounds: int = 8) -> tuple[RankState | None, int]:
+                rounds: int = ROUNDS) -> tuple[RankState | None, int]:
     """Best packing found by bisecting the target between lower and upper, and the rounds
     finished (a round the deadline cuts short counts as none)."""
     best, best_obj, done = None, float("inf"), 0
     lo, hi = lower, upper
     by_work = _least_work_first(problem)
     for _ in range(rounds):
-        if time.perf_counter() > deadline or hi - lo <= 1e-3 * hi:
+        if time.perf_counter() > deadline or hi - lo <= TOLERANCE * hi:
             break
         mid = (lo + hi) / 2
         state = _pack(problem, order, mid, deadline, by_work)

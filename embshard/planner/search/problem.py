@@ -215,12 +215,23 @@ class Problem:
 
 
 SPLIT_SHARE = 0.2  # a table is split only if whole it takes this share of a rank's average load or memory
+# or if whole it adds more than this share of what the average rank adds above the requester side (`_added_ms`): on
+# many ranks the requester side hides most of a shard's all-to-all time, and a table with many ids per sample adds far
+# more than its share of the total (5,000 x 1,024: t2650, 8.46 ms whole, under SPLIT_SHARE of the average 42.4 ms, adds
+# 4.48 ms where the average rank adds 4.38, and alone on its rank it was the slowest, 33.02 ms). 0.8 splits 5 more
+# tables of 5,000 there (33.03 -> 31.41-31.65 ms with plan()'s packing rule and kicks after rebalancing), 3 of 1,000 at
+# 1,000 x 256 (5.6181 -> 5.5020 ms; the LP bound 5.4255 -> 5.1943: it was the largest-shard row of t0672 whole, so
+# the old plan's 3.6% gap was to a bound of the layouts then enumerated, which the new plan beats) and 1 of 2,000 at
+# 2,000 x 512 (same plan), none at 150 x 8, 500 x 64 or on the shipped tables; 1.0 (3 more at 5,000 only) stopped at
+# 31.75 ms, 0.9 at 31.49 (but 1,000 x 256 5.6331), 0.5 and 0.6 (48 and 24 more) at 31.43-32.54 with the bound 29.40
+ADDED_SHARE = 0.8
 FINEST_BLOCK = 1 / 64  # row blocks are offered down to about this share of the average load or memory
 
 
 def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints,
                   inference: bool) -> tuple[set[str], set[str], dict[str, int], set[str], dict[str, Candidate]]:
-    """Tables big enough (in predicted time or bytes, whole) for splitting to matter, the
+    """Tables big enough (in predicted time or bytes, whole, or in what they add above the requester side:
+    ADDED_SHARE) for splitting to matter, the
     subset too big in bytes to be left whole, per table the most row blocks worth offering,
     and the tables offered host memory and caches (with topology.ddr_gib: those whose bytes
     whole take FINEST_BLOCK of a rank's memory or more; smaller ones free too little HBM),
@@ -236,12 +247,29 @@ def _split_worthy(specs: tuple[TableSpec, ...], topo: Topology, constraints: Con
     avg_ms = sum(ms for ms, _ in whole.values()) / topo.world_size
     limit_bytes = SPLIT_SHARE * topo.shard_memory_cap_bytes
     must = {s.name for s in specs if s.name not in whole or whole[s.name][1] > limit_bytes}
-    worthy = {s.name for s in specs if s.name in must or whole[s.name][0] > SPLIT_SHARE * avg_ms}
+    added, avg_added_ms = _added_ms(table_wise, topo)
+    worthy = {s.name for s in specs if s.name in must or whole[s.name][0] > SPLIT_SHARE * avg_ms
+              or added[s.name] > ADDED_SHARE * avg_added_ms}
     cap = topo.shard_memory_cap_bytes
     row_limit = {n: 2 * math.ceil(max(ms / max(FINEST_BLOCK * avg_ms, 1e-300), b / (FINEST_BLOCK * cap)))
                  for n, (ms, b) in whole.items() if n in worthy}
     tierable = {s.name for s in specs if s.name not in whole or whole[s.name][1] >= FINEST_BLOCK * cap} if topo.ddr_gib else set()
     return worthy, must, row_limit, tierable, table_wise
+
+
+def _added_ms(table_wise: dict[str, Candidate], topo: Topology) -> tuple[dict[str, float], float]:
+    """Per table, what its table_wise shard alone adds to a rank above the requester side of every table whole (its
+    compute, and its all-to-all phases above that requester side: max(H_p, U_p) hides the rest; half duplex: all of
+    it), and what the average rank adds so (its compute, and its average holder side above the requester side)."""
+    holder = {n: perf_vector(c.shards[0].perf) for n, c in table_wise.items()}
+    requester, total = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]
+    for n, c in table_wise.items():
+        total = [a + b for a, b in zip(total, holder[n])]
+        if topo.full_duplex:
+            requester = [a + b for a, b in zip(requester, perf_vector(c.requester))]
+    W = topo.world_size
+    average = sum(max(total[p] / W - requester[p], 0.0) for p in range(3)) + total[3] / W
+    return {n: sum(max(h[p] - requester[p], 0.0) for p in range(3)) + h[3] for n, h in holder.items()}, average
 
 
 def build_problem(specs: tuple[TableSpec, ...], topo: Topology, constraints: Constraints, torchrec_compatible: bool = False,
