@@ -1,6 +1,7 @@
 """Local search's repeats: it stops where a re-shard returns to a placement it has seen (a 2-cycle: A -> B lowers
-the maximum, B -> A the smooth maximum) instead of going round until PATIENCE steps have passed, and a greedy
-start that places every table as an earlier one did is not polished again."""
+the maximum, B -> A the smooth maximum) instead of going round until PATIENCE steps have passed; a kick from a
+placement kicked before is not run again; and a greedy start that places every table as an earlier one did is not
+polished again."""
 
 from __future__ import annotations
 
@@ -72,3 +73,24 @@ def test_kicks_run_for_the_starts_whose_descent_may_win(monkeypatch) -> None:
     assert screened.search["starts_not_kicked"] >= 1 and every.search["starts_not_kicked"] == 0
     assert screened.max_rank_ms <= every.max_rank_ms * (1 + 1e-9)
     assert screened.max_rank_ms == pytest.approx(0.6279, abs=5e-4)
+
+
+def test_no_placement_is_kicked_twice(monkeypatch) -> None:
+    """dlrm_150 on 64 ranks: a kick from a placement gave a state whose local search came back to it, and the same
+    kick ran again, 115 times over (74 of its 155 CPU ms of kicks); a kick is deterministic, so the search now takes
+    what it gave the first time (the same plan: 2.0103 ms)."""
+    import embshard.planner.search.local as local
+    from embshard.planner import plan
+    specs, _ = load_tables_file(Path(CONFIG_DIR) / "tables" / "dlrm_150.yaml")
+    kicked = []
+    kick = local._kick
+
+    def counting(state, deadline):
+        kicked.append(tuple(state.choice))
+        return kick(state, deadline)
+
+    monkeypatch.setattr(local, "_kick", counting)
+    p = plan(specs, Topology(world_size=64, local_world_size=8, hbm_gib=16.0))
+    repeats = len(kicked) - len(set(kicked))
+    assert kicked and repeats == 0, f"{repeats} of {len(kicked)} kicks repeated one before"
+    assert p.max_rank_ms == pytest.approx(2.0103, abs=5e-4)
