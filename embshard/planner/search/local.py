@@ -71,8 +71,9 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         if call_ms:
             k = cv.shard_kernels[si] if cv.shard_kernels else ()
             c = state.cost_with(r, v, -1, k)
-        else:  # cost_with's float operations
-            k, c = (), max(h[0] - v[0], u0) + max(h[1] - v[1], u1) + max(h[2] - v[2], u2) + h[3] - v[3] + E
+        else:  # cost_with's float operations (max(x, u) written out: x if x >= u else u)
+            t0, t1, t2 = h[0] - v[0], h[1] - v[1], h[2] - v[2]
+            k, c = (), (t0 if t0 >= u0 else u0) + (t1 if t1 >= u1 else u1) + (t2 if t2 >= u2 else u2) + h[3] - v[3] + E
         if c < cmax - EPS:
             held.append((ui, si))
             cvs.append(cv)
@@ -142,6 +143,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     u0, u1, u2 = state.U
     E = state.E
     hr = state.H[r]
+    hr3, limit = hr[3], cmax - EPS
     mem_r, host_r = state.mem[r], state.host[r]
     # per shard of r: its unit, index, cost, vector parts, bytes, host bytes, r's all-to-all holder sums without it,
     # whether `_allowed` must be asked (beyond "not a rank its unit holds"), its vector and kernels
@@ -157,6 +159,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         if q == r or slack <= EPS:
             continue
         hq, held_q = state.H[q], state.held[q]
+        hq3 = hq[3]
         mem_q, host_q = state.mem[q], state.host[q]
         # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
         theirs = []
@@ -185,12 +188,16 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
                     continue
                 if call_ms:
                     val = max(_cost_delta(state, r, v, w, k_i, k_j), _cost_delta(state, q, w, v, k_j, k_i))
-                else:  # _cost_delta's float operations, r's side first
-                    val = max(a0 + w0, u0) + max(a1 + w1, u1) + max(a2 + w2, u2) + hr[3] - v3 + w3 + E
-                    if val >= cmax - EPS or (best is not None and val >= best[0]):
+                else:  # _cost_delta's float operations, r's side first (max(x, u) written out: x if x >= u else u)
+                    t0, t1, t2 = a0 + w0, a1 + w1, a2 + w2
+                    val = (t0 if t0 >= u0 else u0) + (t1 if t1 >= u1 else u1) + (t2 if t2 >= u2 else u2) + hr3 - v3 + w3 + E
+                    if val >= limit or (best is not None and val >= best[0]):
                         continue
-                    val = max(val, max(b0 + v0, u0) + max(b1 + v1, u1) + max(b2 + v2, u2) + hq[3] - w3 + v3 + E)
-                if val < cmax - EPS and (best is None or val < best[0]):
+                    t0, t1, t2 = b0 + v0, b1 + v1, b2 + v2
+                    other = (t0 if t0 >= u0 else u0) + (t1 if t1 >= u1 else u1) + (t2 if t2 >= u2 else u2) + hq3 - w3 + v3 + E
+                    if other > val:
+                        val = other
+                if val < limit and (best is None or val < best[0]):
                     best = (val, ui, si, q, uj, sj)
     if best is None:
         return False
