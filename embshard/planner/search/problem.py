@@ -187,6 +187,15 @@ class Unit:
         return np.array([cv.shard_vec[cv.largest_first[0]] if cv.shard_vec else (0.0,) * 4 for cv in self.cands]).reshape(-1, 4)
 
     @cached_property
+    def padded_shards(self) -> np.ndarray:
+        """Per candidate, its shard vectors padded with zero rows to the most shards of any candidate: (C, shards, 4)."""
+        out = np.zeros((len(self.cands), max(cv.num_shards for cv in self.cands), 4))
+        for row, cv in zip(out, self.cands):
+            if cv.shard_vec:
+                row[:cv.num_shards] = cv.shard_vec
+        return out
+
+    @cached_property
     def compute_desc(self) -> np.ndarray:
         """Per candidate, its shards' compute times (their vectors' last part), largest first, padded with zeros
         to the most shards of any candidate: (C, shards)."""
