@@ -57,11 +57,18 @@ def _allowed(state: RankState, ui: int, si: int, src: int, dst: int) -> bool:
     return True
 
 
-def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
+def _move_or_swap(state: RankState, r: int, costs: list[float]) -> bool:
+    """`_try_move`, else `_try_swap`, on rank r; the ranks cheapest first (`RankState.cheapest_first`) are ranked only
+    where a step needs them (a swap, or a move with tied destinations): most moves do not."""
+    return _try_move(state, r, costs) or _try_swap(state, r, costs, state.cheapest_first(range(len(costs)), costs))
+
+
+def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] | None = None) -> bool:
     """Move the shard of r that gives the lowest max(r's time, its destination's time), if below r's time: of
     each shard, the first NEAREST_RANKS allowed destinations below it by their time with the shard (ties in
     `by_cost` order) are tried; ties between moves go to the first shard held, then the first destination tried.
-    The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`)."""
+    The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`).
+    by_cost: `RankState.cheapest_first` of every rank (None: ranked here where needed)."""
     cmax, units, W = costs[r], state.problem.units, len(costs)
     call_ms, (u0, u1, u2), E, h = state.call_ms, state.U, state.E, state.H[r]
     held, cvs, kernels, rows, mem, host = [], [], [], [], [], []
@@ -96,6 +103,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     ok &= np.asarray(costs) < cmax - EPS
     position = None
     if W - 1 > NEAREST_RANKS and ok.sum(axis=1).max() > NEAREST_RANKS:  # only the first NEAREST_RANKS allowed are tried
+        by_cost = state.cheapest_first(range(W), costs) if by_cost is None else by_cost
         after, position = state.costs_after(V), np.empty(W, dtype=np.int64)
         position[by_cost] = np.arange(W)
         order = np.lexsort((np.broadcast_to(position, after.shape), after), axis=1)
@@ -118,6 +126,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     if len(tied) > 1:  # the first tried: by time with the shard, then in by_cost order
         after = state.costs_after(V[i])
         if position is None:
+            by_cost = state.cheapest_first(range(W), costs) if by_cost is None else by_cost
             position = np.empty(W, dtype=np.int64)
             position[by_cost] = np.arange(W)
         q = min(tied, key=lambda q: (after[q], position[q]))
@@ -354,8 +363,7 @@ def _repair(state: RankState, target: float, deadline: float) -> bool:
         r = max(range(len(costs)), key=costs.__getitem__)
         if costs[r] < target - EPS:
             return True
-        by_cost = state.cheapest_first(range(len(costs)), costs)
-        if time.perf_counter() > deadline or not (_try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost)):
+        if time.perf_counter() > deadline or not _move_or_swap(state, r, costs):
             return False
     return max(state.costs()) < target - EPS
 
@@ -392,8 +400,7 @@ def local_search(state: RankState, deadline: float, max_steps: int = 100_000, ki
             stalled += 1
         else:
             stalled += 1
-        by_cost = state.cheapest_first(range(len(costs)), costs)
-        if not kick_first and (_try_move(state, r, costs, by_cost) or _try_swap(state, r, costs, by_cost)):
+        if not kick_first and _move_or_swap(state, r, costs):
             steps += 1
             continue
         if costs[r] < snapshot_max - EPS:
