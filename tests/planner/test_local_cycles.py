@@ -77,7 +77,7 @@ def test_kicks_run_for_the_starts_whose_descent_may_win(monkeypatch) -> None:
 
 def test_no_placement_is_kicked_twice(monkeypatch) -> None:
     """dlrm_150 on 64 ranks: a kick from a placement gave a state whose local search came back to it, and the same
-    kick ran again, 115 times over (74 of its 155 CPU ms of kicks); a kick is deterministic, so the search now takes
+    kick ran again, 115 times over (74 of its 155 CPU ms of kicks); a kick is a function of the placement, so the search now takes
     what it gave the first time (the same plan: 2.0103 ms)."""
     import embshard.planner.search.local as local
     from embshard.planner import plan

@@ -10,7 +10,8 @@ maximum with it). When re-sharding goes round in circles (KICK_AFTER, and again 
 without a new best) or finds nothing, a *kick* re-shards one of the slowest rank's hottest units even though that
 lifts other ranks above the maximum, and then repairs them with moves and swaps: a compound
 step that single moves cannot make (a hot table split over more ranks of a busy host). A kick from a placement
-kicked before gives what it gave then (kicks are deterministic), without running again. The best state seen is returned.
+kicked before gives what it gave then (a kick is a function of the placement, up to the rounding of the running
+sums), without running again. The best state seen is returned.
 `rank_order_rows` then puts row blocks in rank order wherever that costs the objective nothing.
 """
 
@@ -345,9 +346,9 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
 
 
 def _kick_once(state: RankState, deadline: float, kicked: dict) -> RankState | None:
-    """`_kick`, where a kick started from this placement before: what it gave then (a copy; kicks are deterministic,
-    and the search from there may come back to a placement, with other placements seen). kicked: placement -> the
-    kicked state or None, filled here."""
+    """`_kick`, where a kick started from this placement before: what it gave then (a copy; a kick is a function of
+    the placement, up to the rounding of the state's running sums, and the search from there may come back to a
+    placement with other placements seen). kicked: placement -> the kicked state or None, filled here."""
     key = tuple(state.choice)
     if key in kicked:
         return None if kicked[key] is None else kicked[key].copy()
