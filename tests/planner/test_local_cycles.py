@@ -121,3 +121,18 @@ def test_shard_floor_is_below_the_time_of_the_rank_holding_the_shard() -> None:
             doomed += floor >= top
         state.add(ui, *old)
     assert doomed > 0
+
+
+def test_shard_floor_of_a_replica_is_its_every_rank_time() -> None:
+    """A unit offered data_parallel only has no shards: its floor is what every rank pays for it (no error)."""
+    from embshard.planner.search.state import RankState
+    from embshard.planner.types import ShardingType, TableConstraint
+    from embshard.specs import TableSpec
+    specs = (TableSpec("a", 1000, 16, pooling_factor=2.0), TableSpec("b", 1000, 16, pooling_factor=2.0))
+    dp = TableConstraint(sharding_types=(ShardingType.DATA_PARALLEL,))
+    problem = build_problem(specs, Topology(world_size=2, local_world_size=2, hbm_gib=1.0), Constraints(tables={"a": dp}))
+    unit = next(u for u in problem.units if u.tables[0].name == "a")
+    state = RankState(problem)
+    floors = state.shard_floors_ms(unit, [0])
+    state.add(problem.units.index(unit), 0, ())
+    assert floors.tolist() == [pytest.approx(min(state.costs()))]

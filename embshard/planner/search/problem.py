@@ -188,8 +188,9 @@ class Unit:
 
     @cached_property
     def padded_shards(self) -> np.ndarray:
-        """Per candidate, its shard vectors padded with zero rows to the most shards of any candidate: (C, shards, 4)."""
-        out = np.zeros((len(self.cands), max(cv.num_shards for cv in self.cands), 4))
+        """Per candidate, its shard vectors padded with zero rows to the most shards of any candidate (at least one row:
+        a data-parallel candidate's is zero): (C, shards, 4)."""
+        out = np.zeros((len(self.cands), max(1, max(cv.num_shards for cv in self.cands)), 4))
         for row, cv in zip(out, self.cands):
             if cv.shard_vec:
                 row[:cv.num_shards] = cv.shard_vec
