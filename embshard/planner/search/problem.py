@@ -188,12 +188,14 @@ class Unit:
 
     @cached_property
     def padded_shards(self) -> np.ndarray:
-        """Per candidate, its shard vectors padded with zero rows to the most shards of any candidate (at least one row:
-        a data-parallel candidate's is zero): (C, shards, 4)."""
-        out = np.zeros((len(self.cands), max(1, max(cv.num_shards for cv in self.cands)), 4))
-        for row, cv in zip(out, self.cands):
-            if cv.shard_vec:
-                row[:cv.num_shards] = cv.shard_vec
+        """Per candidate, its distinct shard vectors (a split's blocks mostly repeat: a row split has at most two
+        heights), padded with zero rows to the most of any candidate, at least one (a data-parallel candidate's is
+        zero): (C, vectors, 4)."""
+        distinct = [tuple(dict.fromkeys(cv.shard_vec)) for cv in self.cands]
+        out = np.zeros((len(self.cands), max(1, max(map(len, distinct))), 4))
+        for row, vecs in zip(out, distinct):
+            if vecs:
+                row[:len(vecs)] = vecs
         return out
 
     @cached_property
