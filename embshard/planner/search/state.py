@@ -135,9 +135,10 @@ class RankState:
 
     def shard_floors_ms(self, unit: Unit, cis: list[int]) -> np.ndarray:
         """Per candidate ci of `cis` (of a unit not placed), the least time of a rank that holds its costliest shard
-        (of its distinct ones: `Unit.padded_shards`) alone, with the candidate's requester side and every-rank part added: sum_p max(v_p, U_p) + v_compute + E
-        (kernel calls left out), at most the time of any rank holding that shard whatever else it holds. Moves and
-        swaps keep shards whole, so a layout with this at a target or above cannot be repaired to it."""
+        (of its distinct ones: `Unit.padded_shards`) alone, with the candidate's requester side and every-rank part
+        added: sum_p max(v_p, U_p) + v_compute + E (kernel calls left out), at most the time of any rank holding that
+        shard whatever else it holds. Moves and swaps keep shards whole, so a layout with this at a target or above
+        cannot be repaired to it."""
         if not cis:
             return np.zeros(0)
         return self._priced(unit.padded_shards[cis], unit, cis).max(axis=1)
