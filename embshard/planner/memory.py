@@ -70,13 +70,13 @@ def check_memory(problem: Problem) -> None:
     host_cap = problem.host_cap_bytes
     no_host_room = []
     for unit in problem.units:
-        cands = [cv for cv in unit.cands if max(cv.shard_host_mem, default=0) <= host_cap]
+        cands = [cv for cv in unit.cands if cv.largest_host_mem <= host_cap]
         if not cands:  # every layout keeps shards in host memory and none fits (HBM layouts always have host room)
             least = min(max(cv.shard_host_mem) for cv in unit.cands)
             no_host_room.append(f"{unit.name} needs {_gib(least)} of host memory on one rank ({_gib(least - host_cap)} over)")
             continue
-        best = min(cands, key=lambda cv: max(cv.shard_mem, default=0) + cv.every_mem)
-        need = max(best.shard_mem, default=0) + best.every_mem
+        best = min(cands, key=lambda cv: cv.largest_mem + cv.every_mem)
+        need = best.largest_mem + best.every_mem
         if need > cap:
             parts = largest_need(best)
             worst_io = max(worst_io, parts.io_bytes)

@@ -34,10 +34,13 @@ def _layout(cv: CandVec) -> tuple:
     return tuple((c.sharding_type, c.row_spans, c.col_spans, c.hot_rows) for c in cv.cand)
 
 
+_TIER_ORDER = {Location.HOST: 0, Location.UVM_CACHE: 1, Location.HBM: 2}
+
+
 def _tier(cv: CandVec) -> tuple[int, float]:
     """Order of tiers, best last: host, caches by share, HBM."""
     c = cv.cand[0]
-    return {Location.HOST: (0, 0.0), Location.UVM_CACHE: (1, c.cache_fraction), Location.HBM: (2, 0.0)}[c.location]
+    return _TIER_ORDER[c.location], c.cache_fraction if c.location is Location.UVM_CACHE else 0.0
 
 
 def grow_caches(state: RankState, deadline: float = float("inf")) -> tuple[int, bool]:

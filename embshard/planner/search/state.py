@@ -133,6 +133,16 @@ class RankState:
         c = self._priced(self.Hn[None], unit, cis)
         return c + self.call_ms * (self.num_kernels + len(self.every_kernels)) if self.call_ms else c
 
+    def shard_floors_ms(self, unit: Unit, cis: list[int]) -> np.ndarray:
+        """Per candidate ci of `cis` (of a unit not placed), the least time of a rank that holds its costliest shard
+        (of its distinct ones: `Unit.padded_shards`) alone, with the candidate's requester side and every-rank part
+        added: sum_p max(v_p, U_p) + v_compute + E (kernel calls left out), at most the time of any rank holding that
+        shard whatever else it holds. Moves and swaps keep shards whole, so a layout with this at a target or above
+        cannot be repaired to it."""
+        if not cis:
+            return np.zeros(0)
+        return self._priced(unit.padded_shards[cis], unit, cis).max(axis=1)
+
     def _priced(self, h: np.ndarray, unit: Unit, cis: list[int]) -> np.ndarray:
         """Per candidate ci of `cis` (of `unit`), every rank's cost (kernel calls left out) from holder sums h[j]
         ((n, W, 4), or (1, W, 4) for all alike) and the state's requester side and every-rank time with its added."""
