@@ -155,10 +155,27 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
     all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, and the hierarchical all-reduce whole: its copies and sums
-    too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs."""
+    too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs.
+
+    The allreduce mode's all-reduce runs here whole inside its lookup backward node, and its optimizer step (which the
+    runtime runs in an engine callback when backward ends, `DenseReplicas._apply_landed`) as lookup_bwd_ms: in
+    training the all-reduce is in flight while the rest of backward runs, so its CPU work (gloo's threads) and its
+    wait would count as whatever phase runs meanwhile or as output dist. The cost model prices the exchange as
+    dp_allreduce and the update as lookup backward (`embshard.planner.cost.perf.allreduce_perf`), so that is what
+    is measured."""
     import torch.distributed as dist
 
-    from embshard.runtime import wire
+    from embshard.runtime import dense_replicas, wire
+
+    def all_reduce_now(flat, cuts, pg, dtype):  # wire_all_reduce_pieces_, the pieces summed before it returns
+        wire.wire_all_reduce_(flat, pg, dtype)
+        return [lambda: None] * (len(cuts) + 1)
+
+    apply_landed = dense_replicas.DenseReplicas._apply_landed
+
+    def timed_update(self, *args, **kwargs):
+        with clock.phase("lookup_bwd_ms"):
+            return apply_landed(self, *args, **kwargs)
 
     targets = [*((dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")),
                (wire, "hierarchical_all_reduce")]
@@ -178,11 +195,16 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
 
     for module, n, fn in originals:
         setattr(module, n, wrap(fn))
+    overlapped = dense_replicas.wire_all_reduce_pieces_
+    dense_replicas.wire_all_reduce_pieces_ = all_reduce_now
+    dense_replicas.DenseReplicas._apply_landed = timed_update
     try:
         yield
     finally:
         for module, n, fn in originals:
             setattr(module, n, fn)
+        dense_replicas.wire_all_reduce_pieces_ = overlapped
+        dense_replicas.DenseReplicas._apply_landed = apply_landed
 
 
 def run_plan_in_rank(plan: ShardingPlan, pg, steps: int, warmup: int, seed: int = 0, num_batches: int = 3,
