@@ -32,9 +32,10 @@ from embshard.planner.search.caches import grow_caches, tiers_first
 from embshard.planner.search.clock import Clock
 from embshard.planner.search.ilp import improve_with_ilp
 from embshard.planner.search.greedy import Unplaceable, default_order, greedy_retrying, replication_prepass
-from embshard.planner.search.local import Polisher, local_search, rank_order_rows
+from embshard.planner.search.local import Polisher, local_search
 from embshard.planner.search.pack import rounds_needed, target_pack
 from embshard.planner.search.problem import Problem, build_problem
+from embshard.planner.search.row_order import rank_order_rows
 from embshard.planner.search.state import RankState
 from embshard.planner.splits import col_splits, row_splits
 from embshard.planner.types import COMPUTE_KERNEL, Constraints, Location, Shard, ShardingType, Storage

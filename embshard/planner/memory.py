@@ -72,7 +72,7 @@ def check_memory(problem: Problem) -> None:
     for unit in problem.units:
         cands = [cv for cv in unit.cands if cv.largest_host_mem <= host_cap]
         if not cands:  # every layout keeps shards in host memory and none fits (HBM layouts always have host room)
-            least = min(max(cv.shard_host_mem) for cv in unit.cands)
+            least = min(cv.largest_host_mem for cv in unit.cands)
             no_host_room.append(f"{unit.name} needs {_gib(least)} of host memory on one rank ({_gib(least - host_cap)} over)")
             continue
         best = min(cands, key=lambda cv: cv.largest_mem + cv.every_mem)

@@ -19,7 +19,8 @@ from embshard.planner.cost.storage import holder_storage
 from embshard.planner.search.bound import lower_bound_ms
 from embshard.planner.search.greedy import default_order, greedy, place
 from embshard.planner.search.ilp import improve_with_ilp
-from embshard.planner.search.local import local_search, rank_order_rows
+from embshard.planner.search.local import local_search
+from embshard.planner.search.row_order import rank_order_rows
 from embshard.planner.search.pack import ROUNDS, TOLERANCE, rounds_needed
 from embshard.planner.enumerate import candidate
 from embshard.planner.search.problem import ADDED_SHARE, SPLIT_SHARE, _added_ms, _split_worthy, build_problem, perf_vector

@@ -12,7 +12,6 @@ lifts other ranks above the maximum, and then repairs them with moves and swaps:
 step that single moves cannot make (a hot table split over more ranks of a busy host). A kick from a placement
 kicked before gives what it gave then (a kick is a function of the placement, up to the rounding of the running
 sums), without running again. The best state seen is returned.
-`rank_order_rows` then puts row blocks in rank order wherever that costs the objective nothing.
 """
 
 from __future__ import annotations
@@ -474,28 +473,3 @@ def _revisits(state: RankState, visited: set) -> bool:
         return True
     visited.add(key)
     return False
-
-
-def rank_order_rows(state: RankState, deadline: float = float("inf")) -> bool:
-    """Put each row-split table's blocks on its ranks in rank order where that lifts no rank
-    above the current maximum and fits (TorchRec runs only that layout; the blocks differ only
-    in the last one, so it is usually free). `state` is modified; False if the deadline
-    stopped it before every table was tried."""
-    units = state.problem.units
-    for ui, choice in enumerate(state.choice):
-        if time.perf_counter() > deadline:
-            return False
-        ci, ranks = choice
-        cv = units[ui].cands[ci]
-        if not cv.cand[0].sharding_type.splits_rows or list(ranks) == sorted(ranks):
-            continue
-        cmax = max(state.costs())
-        state.remove(ui)
-        ordered = tuple(sorted(ranks))
-        if all(state.fits_shard(r, cv, i) for i, r in enumerate(ordered)):
-            state.add(ui, ci, ordered)
-            if max(state.costs()) <= cmax + EPS:
-                continue
-            state.remove(ui)
-        state.add(ui, ci, ranks)
-    return True
