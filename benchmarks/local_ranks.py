@@ -80,11 +80,13 @@ def hosts_of(args: argparse.Namespace, local_ranks: int) -> Hosts:
 
 
 def run_ranks(script: str, args: Sequence[str], *, hosts: int, ranks_per_host: int, link_gbit: float = 2.0,
-              delay_ms: float = 0.1, env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> str:
+              delay_ms: float = 0.1, env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+              cpu_per_rank: float | None = None) -> str:
     """`python script *args` on hosts x ranks_per_host ranks, each with torchrun's variables (`init_rank` joins
     them): hosts=1 on this host, else on emulated hosts with torchrun per host (`run_torchrun`), links shaped to
-    link_gbit and delay_ms. Returns how the inter-host links were shaped ("" on one host); RuntimeError if any rank
-    fails, with the hosts' log tails; EmulationUnavailable if the hosts cannot be emulated here (not root)."""
+    link_gbit and delay_ms, each rank capped at cpu_per_rank of a core if given. Returns how the inter-host links
+    were shaped (and the caps; "" on one host); RuntimeError if any rank fails, with the hosts' log tails;
+    EmulationUnavailable if the hosts cannot be emulated here (not root)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     if hosts == 1:
         port, world = free_port(), ranks_per_host
@@ -96,7 +98,8 @@ def run_ranks(script: str, args: Sequence[str], *, hosts: int, ranks_per_host: i
     from embshard.emulated_hosts import run_torchrun
 
     logs = Path(tempfile.mkdtemp(prefix="embshard-bench-hosts-"))
-    exits, _, shaping = run_torchrun(hosts, ranks_per_host, [script, *args], timeout_s or 10 ** 6, link_gbit, delay_ms, logs, env)
+    exits, _, shaping = run_torchrun(hosts, ranks_per_host, [script, *args], timeout_s or 10 ** 6, link_gbit, delay_ms, logs, env,
+                                     cpu_per_rank)
     if any(e.returncode != 0 for e in exits):
         tails = "\n".join(f"--- host {e.host} (exit {e.returncode}):\n{e.log.read_text()[-3000:]}" for e in exits)
         raise RuntimeError(f"{script}: a host failed, exits {[e.returncode for e in exits]}\n{tails}")

@@ -10,8 +10,10 @@ Each link is shaped both ways with ``tc``: tbf at ``rate_gbit``, plus netem ``de
 where the kernel has netem (else the delay is skipped with a warning; see ``shaping``).
 ``torchrun`` starts once per host (``--nnodes H --node-rank H``; the rendezvous store on
 host 0's address, ``GLOO_SOCKET_IFNAME=veth0``), rank r on host r // ranks_per_host like
-torchrun on real hosts. Everything created is removed on exit, also on an error, Ctrl-C or
-SIGTERM; namespaces left by a killed run (its pid gone) are removed by the next one.
+torchrun on real hosts. With ``cpu_per_rank`` each rank runs in a cgroup capped at that share of a
+core (embshard/emulated_cpu.py: a rank of a real cluster cannot lend its device to the others). Everything
+created is removed on exit, also on an error, Ctrl-C or SIGTERM; namespaces and cgroups left by a killed
+run (its pid gone) are removed by the next one.
 Needs root (CAP_SYS_ADMIN): elsewhere ``EmulatedHosts`` raises ``EmulationUnavailable``.
 """
 
@@ -32,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from embshard import emulated_cpu
+from embshard.emulated_cpu import CpuCapsUnavailable, RankCpuCaps
+
 PREFIX = "embshard-"
 IFNAME = "veth0"
 MASTER_PORT = 29500  # free by construction: nothing else listens inside a fresh namespace
@@ -39,7 +44,7 @@ _runs = itertools.count()
 
 
 class EmulationUnavailable(RuntimeError):
-    """The machine refused to create namespaces or links (not root, no ``ip``, no tbf)."""
+    """The machine refused to create namespaces or links (not root, no ``ip``, no tbf), or CPU caps."""
 
 
 @dataclass(frozen=True)
@@ -123,19 +128,25 @@ def _raise_terminated(signum, frame) -> None:
 
 
 class EmulatedHosts:
-    """``with EmulatedHosts(2) as hosts: ...``: H namespaces with shaped links, removed on exit."""
+    """``with EmulatedHosts(2) as hosts: ...``: H namespaces with shaped links, removed on exit.
+    cpu_per_rank: cap each rank `torchrun` starts at this share of a core (None: ranks share the cores)."""
 
-    def __init__(self, num_hosts: int, rate_gbit: float = 2.0, delay_ms: float = 0.1, subnet: str = "10.213.0"):
+    def __init__(self, num_hosts: int, rate_gbit: float = 2.0, delay_ms: float = 0.1, subnet: str = "10.213.0",
+                 cpu_per_rank: float | None = None):
         if not 1 <= num_hosts <= 250:
             raise ValueError(f"num_hosts: {num_hosts}; use 1 to 250 hosts")
         if rate_gbit <= 0 or delay_ms < 0:
             raise ValueError(f"rate_gbit={rate_gbit}, delay_ms={delay_ms}: the rate must be > 0 and the delay >= 0")
-        self.rate_gbit, self.delay_ms = rate_gbit, delay_ms
-        base = f"{PREFIX}{os.getpid()}-{next(_runs)}"
+        if cpu_per_rank is not None and not 0 < cpu_per_rank <= (os.cpu_count() or 1):
+            raise ValueError(f"cpu_per_rank={cpu_per_rank:g}: give a share of a core above 0 and at most the machine's "
+                             f"{os.cpu_count()} cores, or None for no cap")
+        self.rate_gbit, self.delay_ms, self.cpu_per_rank = rate_gbit, delay_ms, cpu_per_rank
+        self.base = base = f"{PREFIX}{os.getpid()}-{next(_runs)}"
         self.switch = f"{base}-sw"
         self.hosts = tuple(Host(h, f"{base}-h{h}", f"{subnet}.{h + 1}") for h in range(num_hosts))
         self.shaping = ""
         self._created: list[str] = []
+        self.caps: RankCpuCaps | None = None  # made by `torchrun` with cpu_per_rank
         self._procs: list[subprocess.Popen] = []
         self._logs: dict[int, Path] = {}
         self._previous_sigterm = None
@@ -146,6 +157,7 @@ class EmulatedHosts:
             self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             remove_stale()
+            emulated_cpu.remove_stale(PREFIX)
             self._create()
         except BaseException:
             self.close()
@@ -209,6 +221,9 @@ class EmulatedHosts:
             for p in self._procs:
                 p.wait()
             self._created.clear()
+            if self.caps is not None:
+                self.caps.close()
+                self.caps = None
         finally:
             if self._previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -233,11 +248,20 @@ class EmulatedHosts:
 
     def torchrun(self, ranks_per_host: int, args: Sequence[str], env: Mapping[str, str] | None = None,
                  log_dir: Path | None = None) -> list[subprocess.Popen]:
-        """``torchrun --nnodes H --nproc-per-node L --node-rank h ARGS`` on every host h (logs: log_dir/hostH.log)."""
+        """``torchrun --nnodes H --nproc-per-node L --node-rank h ARGS`` on every host h (logs: log_dir/hostH.log);
+        with cpu_per_rank, each rank capped at that share of a core (EmulationUnavailable where cgroups refuse)."""
         env = dict(os.environ if env is None else env)
+        if self.cpu_per_rank is not None and self.caps is None:
+            try:
+                self.caps = RankCpuCaps(self.base, len(self.hosts) * ranks_per_host, self.cpu_per_rank)
+            except CpuCapsUnavailable as e:
+                raise EmulationUnavailable(str(e)) from e
+            self.caps.watch()
+            self.shaping += f"; {self.caps.description}"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
                                                         env.get("PYTHONPATH", "")) if p)
         env["GLOO_SOCKET_IFNAME"] = IFNAME
+        env[emulated_cpu.MARKER] = self.base  # what the CPU caps find the ranks by
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(self.hosts)),
                    "--nproc-per-node", str(ranks_per_host), "--master-addr", self.hosts[0].address,
                    "--master-port", str(MASTER_PORT)]
@@ -270,11 +294,11 @@ class EmulatedHosts:
 
 
 def run_torchrun(num_hosts: int, ranks_per_host: int, args: Sequence[str], timeout_s: float, rate_gbit: float = 2.0,
-                 delay_ms: float = 0.1, log_dir: Path | None = None,
-                 env: Mapping[str, str] | None = None) -> tuple[list[HostExit], list[LinkBytes], str]:
-    """One torchrun job on ``num_hosts`` emulated hosts (environment ``env``, default this process's): each host's
-    exit, link bytes, and the shaping applied."""
-    with EmulatedHosts(num_hosts, rate_gbit, delay_ms) as cluster:
+                 delay_ms: float = 0.1, log_dir: Path | None = None, env: Mapping[str, str] | None = None,
+                 cpu_per_rank: float | None = None) -> tuple[list[HostExit], list[LinkBytes], str]:
+    """One torchrun job on ``num_hosts`` emulated hosts (environment ``env``, default this process's; each rank capped
+    at ``cpu_per_rank`` of a core, if given): each host's exit, link bytes, and the shaping (and caps) applied."""
+    with EmulatedHosts(num_hosts, rate_gbit, delay_ms, cpu_per_rank=cpu_per_rank) as cluster:
         exits = cluster.wait(cluster.torchrun(ranks_per_host, args, env, log_dir), timeout_s)
         return exits, [cluster.link_bytes(h) for h in range(num_hosts)], cluster.shaping
 
@@ -285,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks-per-host", type=int, default=2)
     parser.add_argument("--rate-gbit", type=float, default=2.0, help="each host link's rate, each way (default 2)")
     parser.add_argument("--delay-ms", type=float, default=0.1, help="each host link's one-way delay (needs netem)")
+    parser.add_argument("--cpu-per-rank", type=float, help="cap each rank at this share of a core (a cgroup CPU quota): "
+                        "ranks cannot lend their cores to each other, as on real hosts (default: no cap)")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop every host after this long")
     parser.add_argument("--log-dir", type=Path, help="one log per host here (default: this terminal)")
     parser.add_argument("torchrun_args", nargs=argparse.REMAINDER, help="-- then torchrun's script or -m MODULE and args")
@@ -297,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns.log_dir.mkdir(parents=True, exist_ok=True)
         warnings.simplefilter("ignore", RuntimeWarning)  # the shaping applied is printed below
         exits, links, shaping = run_torchrun(ns.hosts, ns.ranks_per_host, args, ns.timeout_s, ns.rate_gbit,
-                                             ns.delay_ms, ns.log_dir)
+                                             ns.delay_ms, ns.log_dir, cpu_per_rank=ns.cpu_per_rank)
     except (ValueError, EmulationUnavailable, OSError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except (KeyboardInterrupt, _Terminated):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from embshard import emulated_cpu
+from embshard.emulated_cpu import ROOTS
 from embshard.emulated_hosts import PREFIX, EmulatedHosts, EmulationUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,3 +128,41 @@ def test_cli_says_why_it_cannot_run(tmp_path) -> None:
     assert nothing.returncode == 2 and nothing.stderr.splitlines() == [
         "python -m embshard.emulated_hosts: error: nothing to run: add -- -m MODULE ARGS (e.g. -- -m embshard.train "
         "steps=20)"]
+
+
+def cpu_groups() -> set[str]:
+    return {p.name for root in ROOTS if root.is_dir() for p in root.glob(f"{PREFIX}*")}
+
+
+def test_capped_ranks_run_at_their_share_of_a_core_and_the_groups_go_with_the_run(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "embshard.emulated_hosts", "--hosts", "2", "--ranks-per-host", "1",
+                           "--cpu-per-rank", "0.25", "--log-dir", str(tmp_path), "--timeout-s", "120", "--",
+                           str(Path(__file__).with_name("emulated_burn.py"))],
+                          env=ENV, capture_output=True, text=True, timeout=180)
+    if done.returncode == 2 and "error:" in done.stderr:
+        pytest.skip(f"emulated hosts or CPU caps unavailable (needs root, iproute2 and a cgroup CPU controller): "
+                    f"{done.stderr.strip()}")
+    logs = [(tmp_path / f"host{h}.log").read_text() for h in range(2)]
+    assert done.returncode == 0, (done.stderr, logs)
+    found = [re.search(r"rank (\d): wall/cpu ([\d.]+) cgroup /(embshard-\d+-\d+)/rank(\d)", log) for log in logs]
+    assert all(found), logs
+    assert [int(m.group(1)) for m in found] == [int(m.group(4)) for m in found] == [0, 1]  # each rank in its own group
+    ratios = [float(m.group(2)) for m in found]
+    assert all(3.0 < r < 5.5 for r in ratios), ratios  # a quarter of a core: about 4 s of wall clock per CPU second
+    assert "each rank capped at 0.25 of a core" in done.stderr
+    assert found[0].group(3) not in cpu_groups()
+
+
+def test_cpu_caps_of_a_killed_run_go_with_the_next_run_and_bad_shares_are_refused() -> None:
+    with pytest.raises(ValueError, match="cpu_per_rank=0: give a share of a core above 0"):
+        EmulatedHosts(2, cpu_per_rank=0)
+    try:
+        root, _ = emulated_cpu._controller_root()
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (root / f"{PREFIX}{dead.pid}-0" / "rank0").mkdir(parents=True)  # as a SIGKILLed run leaves it
+    except (emulated_cpu.CpuCapsUnavailable, OSError) as e:
+        pytest.skip(f"no cgroup CPU controller to write to: {e}")
+    assert f"{PREFIX}{dead.pid}-0" in cpu_groups()
+    assert emulated_cpu.remove_stale(PREFIX) == [f"{PREFIX}{dead.pid}-0"]
+    assert f"{PREFIX}{dead.pid}-0" not in cpu_groups()
