@@ -99,6 +99,14 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
         to = to + call_ms * (state.num_kernels + len(state.every_kernels)) + np.array(
             [[state.calls_delta_ms(q, added=k) for q in range(W)] for k in kernels])
     val = np.maximum(X[:, 4:5], to)
+    # the moves below cmax that fit (most calls have none: the destinations allowed are then not asked)
+    fit = val < cmax - EPS
+    fit &= np.asarray(state.mem) + np.array(mem)[:, None] + state.UM <= state.problem.cap_bytes  # (shards, ranks): HBM
+    if any(host):
+        hb = np.array(host)[:, None]
+        fit &= (hb == 0) | (np.asarray(state.host) + hb <= state.problem.host_cap_bytes)
+    if not fit.any():
+        return False
     ok = state.move_destinations(r, held, cvs)
     ok &= np.asarray(costs) < cmax - EPS
     position = None
@@ -111,11 +119,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
         tried = np.zeros_like(ok)
         tried[rows_i, order] = np.cumsum(ok[rows_i, order], axis=1) <= NEAREST_RANKS
         ok &= tried
-    ok &= val < cmax - EPS
-    ok &= np.asarray(state.mem) + np.array(mem)[:, None] + state.UM <= state.problem.cap_bytes  # (shards, ranks): HBM
-    if any(host):
-        hb = np.array(host)[:, None]
-        ok &= (hb == 0) | (np.asarray(state.host) + hb <= state.problem.host_cap_bytes)
+    ok &= fit
     if not ok.any():
         return False
     val = np.where(ok, val, np.inf)
@@ -156,9 +160,9 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
     mem_r, host_r = state.mem[r], state.host[r]
     # per shard of r: its unit, index, cost, vector parts, bytes, host bytes, r's all-to-all holder sums without it,
     # whether `_allowed` must be asked (beyond "not a rank its unit holds"), its vector and kernels
-    mine = [(ui, si, cv.shard_cost[si], *v, cv.shard_mem[si], cv.host_mem(si), hr[0] - v[0], hr[1] - v[1], hr[2] - v[2],
-             _restricted(units[ui], cv, W), v, cv.shard_kernels[si] if cv.shard_kernels else ())
-            for ui, si, cv in mine for v in (cv.shard_vec[si],)]
+    hr0, hr1, hr2 = hr[0], hr[1], hr[2]
+    mine = [(ui, si, c, v0, v1, v2, v3, m, hm, hr0 - v0, hr1 - v1, hr2 - v2, _restricted(units[ui], cv, W), v, k)
+            for ui, si, cv in mine for c, v0, v1, v2, v3, m, hm, v, k in (cv.shard_rows[si],)]
     if not mine:
         return False
     costliest, least_compute = max(m[2] for m in mine), min(m[6] for m in mine)
@@ -168,20 +172,19 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
         if q == r or slack <= EPS:
             continue
         hq, held_q = state.H[q], state.held[q]
-        hq3 = hq[3]
+        hq0, hq1, hq2, hq3 = hq
         mem_q, host_q = state.mem[q], state.host[q]
         # the shards of q some shard of r may swap with: cheaper than the costliest, above the least compute less the slack
         theirs = []
         for uj, sj in held_q.items():
             if uj in held_r:  # (`_allowed`'s first test, to r)
                 continue
-            cw = units[uj].cands[choice[uj][0]]
-            c_j = cw.shard_cost[sj]
+            unit_j = units[uj]
+            cw = unit_j.cands[choice[uj][0]]
+            c_j, w0, w1, w2, w3, mw, hj, w, k_j = cw.shard_rows[sj]
             if c_j < costliest and least_compute - c_j < slack and (
-                    not _restricted(units[uj], cw, W) or _allowed(state, uj, sj, q, r)):
-                w = cw.shard_vec[sj]
-                theirs.append((uj, sj, c_j, *w, cw.shard_mem[sj], cw.host_mem(sj), hq[0] - w[0], hq[1] - w[1], hq[2] - w[2],
-                               w, cw.shard_kernels[sj] if cw.shard_kernels else ()))
+                    not (cw.host_bound or len(unit_j.ranks) != W) or _allowed(state, uj, sj, q, r)):  # (`_restricted`)
+                theirs.append((uj, sj, c_j, w0, w1, w2, w3, mw, hj, hq0 - w0, hq1 - w1, hq2 - w2, w, k_j))
         if not theirs:
             continue
         for ui, si, c_i, v0, v1, v2, v3, m, hi, a0, a1, a2, ask, v, k_i in mine:
