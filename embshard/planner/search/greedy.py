@@ -43,7 +43,8 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     if cv.data_parallel:
         return ()
     if after and by_cost:
-        by_cost, costs = _ranked_after(state, np.array([cv.shard_vec[cv.largest_first[0]]]), by_cost)[0]
+        orders, after_costs = _ranked_after(state, np.array([cv.shard_vec[cv.largest_first[0]]]), by_cost)
+        by_cost, costs = orders[0], after_costs[0]
         if _above(costs, ceiling):
             return None
     return _place_ranked(state, cv, by_cost, costs)
@@ -58,14 +59,15 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
         return []
     unit = state.problem.units[ui]
     cvs = [unit.cands[ci] for ci in cis]
-    fits = [_replica_fits(state, cv) for cv in cvs]
+    replica_room = state.problem.cap_bytes - max(state.mem) - state.UM  # (`_replica_fits` of each)
+    fits = [not cv.every_mem or cv.every_mem <= replica_room for cv in cvs]
     sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
     ranked, above = {}, set()
     if sharded and by_cost:
-        ranked = dict(zip(sharded, _ranked_after(state, unit.largest_vecs[[cis[j] for j in sharded]], by_cost)))
+        orders, after = _ranked_after(state, unit.largest_vecs[[cis[j] for j in sharded]], by_cost)
+        ranked = dict(zip(sharded, zip(orders, after)))
         if ceiling < float("inf"):  # `_above` of every candidate at once
-            out = _above(np.array([ranked[j][1] for j in sharded]), ceiling).tolist()
-            above = {j for j, o in zip(sharded, out) if o}
+            above = {j for j, o in zip(sharded, _above(after, ceiling).tolist()) if o}
     picks = []
     for j, cv in enumerate(cvs):
         if not fits[j]:
@@ -94,13 +96,13 @@ def _above(costs_after: np.ndarray, ceiling: float):
     return costs_after.min(axis=-1) > ceiling * (1 + 1e-9)
 
 
-def _ranked_after(state: RankState, largest: np.ndarray, by_cost: list[int]) -> list[tuple[list[int], np.ndarray]]:
+def _ranked_after(state: RankState, largest: np.ndarray, by_cost: list[int]) -> tuple[list[list[int]], np.ndarray]:
     """Per sharded candidate (`largest`: its largest shard's vector, a row each): by_cost ordered by every rank's
     time with that shard added (a stable sort: ties keep their order), and those times (`RankState.costs_after`;
     all candidates at once)."""
     after = state.costs_after(largest)
     idx = np.asarray(by_cost, dtype=np.int64)
-    return list(zip(idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist(), after))
+    return idx[np.argsort(after[:, idx], axis=1, kind="stable")].tolist(), after
 
 
 def _place_ranked(state: RankState, cv: CandVec, by_cost: list[int], costs) -> tuple[int, ...] | None:

@@ -92,6 +92,12 @@ class CandVec:
         return max(self.shard_host_mem, default=0)
 
     @cached_property
+    def shard_rows(self) -> tuple[tuple, ...]:
+        """Per shard, what a swap weighs (search/local.py): its cost, vector parts, bytes, host bytes, vector and kernels."""
+        return tuple((self.shard_cost[i], *v, self.shard_mem[i], self.host_mem(i), v, self.shard_kernels[i] if self.shard_kernels else ())
+                     for i, v in enumerate(self.shard_vec))
+
+    @cached_property
     def shard_array(self) -> np.ndarray:
         """shard_vec as a (shards, 4) array."""
         return np.asarray(self.shard_vec)
