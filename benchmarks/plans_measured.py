@@ -298,9 +298,10 @@ def main() -> None:
     hosts.add_argument("--inter-host-gb-per-s", type=float, help="the plans' inter-host bandwidth (default 2 x link rate / ranks per host)")
     hosts.add_argument("--cores-per-rank", type=float, help="cores each rank has, dividing the profile's per-phase factors "
                        "(default: cores / ranks, at most 1: the emulated hosts share this machine's cores)")
-    hosts.add_argument("--no-cpu-cap", action="store_true", help="let the ranks share the machine's cores (default: each "
-                       "rank capped at --cores-per-rank of a core by a cgroup CPU quota, as a rank of a real cluster has a "
-                       "device of its own: embshard/emulated_cpu.py)")
+    hosts.add_argument("--cpu-cap", action="store_true", help="cap each rank at --cores-per-rank of a core by a cgroup CPU "
+                       "quota (embshard/emulated_cpu.py: a waiting rank cannot lend its core to another, as a rank of a real "
+                       "cluster has a device of its own; the throttling stalls its peers at every collective); default: "
+                       "the ranks share the machine's cores")
     hosts.add_argument("--workloads", nargs="*", help="only these workloads (default all three)")
     hosts.add_argument("--round-timeout-s", type=float, default=3600.0)
     hosts.add_argument("--quick", action="store_true", help="tiny tables, 2 steps, 1 round: a check that it runs (seconds)")

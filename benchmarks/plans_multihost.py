@@ -22,12 +22,13 @@ rank per host, and the model gives each rank a link of its own, where here a hos
 The emulated cluster is priced as it is (`emulated_topology`): its H x L ranks share this machine's cores,
 so each rank has cores / (H x L) of one (at most 1; --cores-per-rank), and the profile's per-phase factors,
 which scale a rank's CPU work and not the time its bytes spend on inter-host links, are divided by that:
-on 2 cores, 4 ranks' CPU phases take twice what a rank on a core of its own takes. Each rank is held to that
-share by a cgroup CPU quota (embshard/emulated_cpu.py): without it, a rank that waits in a collective lends its
-core to the others, so a plan that leaves one rank idle costs about the ranks' summed work over the cores,
-not its slowest rank's, and plans with the same total work tie whatever their balance (--no-cpu-cap measures
-that way). With the caps, as on a real cluster, the slowest rank sets the step. A real cluster's topology
-keeps the factors as fitted.
+on 2 cores, 4 ranks' CPU phases take twice what a rank on a core of its own takes. The ranks share the cores:
+a rank that waits in a collective lends its core to the others, so a plan that leaves one rank idle costs about
+the ranks' summed work over the cores rather than its slowest rank's, and plans of the same total work tie
+whatever their balance. --cpu-cap holds each rank to its share by a cgroup CPU quota (embshard/emulated_cpu.py),
+so that, as on a real cluster, the slowest rank sets the step; but a throttled rank stalls its peers at every
+collective, which the model does not price (benchmarks/results/multihost.md, "CPU caps"). A real cluster's
+topology keeps the factors as fitted.
 Also, on big_pooled with its big tables row_wise over all ranks and the small ones data-parallel
 ("allreduce"): the runtime with in-host reduction (and the hierarchical all-reduce) against flat
 collectives (``topology.reduce_in_host: false``); and on sequence_outputs, embshard's placement
@@ -239,13 +240,13 @@ def run_multihost(args) -> dict:
             print(f"round {rnd + 1}/{args.rounds}: {len(order)} plans on {H} emulated hosts x {L} ranks", flush=True)
             shaping = run_ranks(str(Path(__file__).resolve()), ["--rank-job", str(job), str(out)], hosts=H, ranks_per_host=L,
                                 link_gbit=args.link_gbit, delay_ms=args.delay_ms, timeout_s=args.round_timeout_s,
-                                cpu_per_rank=None if args.no_cpu_cap else cores)
+                                cpu_per_rank=cores if args.cpu_cap else None)
             per_rank = json.loads(out.read_text())  # [rank] -> plans: [plan in order], dmp: [case] or why not
             rounds.append({key: [per_rank[r]["plans"][i] for r in range(H * L)] for i, key in enumerate(order)})
             if rnd == 0:  # TorchRec's DMP in the first round only (the full run's time)
                 dmp_rounds.append([per_rank[r]["dmp"] for r in range(H * L)])
     result = {"hosts": H, "ranks_per_host": L, "link": shaping, "link_gbit": args.link_gbit, "inter_host_gb_per_s": inter,
-              "cores_per_rank": cores, "cpu_capped": not args.no_cpu_cap, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
+              "cores_per_rank": cores, "cpu_capped": args.cpu_cap, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
               "load_start": load_start, "load_end": os.getloadavg(), "seconds": time.time() - t0, "date": today(),
               "cpu": cpu_model(), "cores": os.cpu_count(), "commit": _commit(), "torchrec_errors": torchrec_errors,
               **{sec: {n: {} for n in cases} for sec, cases in sections.items()}}
@@ -316,8 +317,8 @@ def markdown(result: dict, command: str) -> str:
              f"{result.get('cores_per_rank', 1.0):g} core(s) each rank has here ({H * L} ranks on {result['cores']} cores: the emulated "
              f"cluster priced as it is; "
              + ("each rank capped at that share by a cgroup CPU quota, so a rank that waits cannot lend its core to another, as "
-                "a rank of a real cluster cannot lend its device" if result.get("cpu_capped") else
-                "the ranks share the cores, so a rank that waits lends its core to the others (--no-cpu-cap)")
+                "a rank of a real cluster cannot lend its device (--cpu-cap)" if result.get("cpu_capped") else
+                "the ranks share the cores, so a rank that waits lends its core to the others")
              + f"). Step = slowest rank's wall time per step (median of {result['steps']} steps), median of "
              f"{result['rounds']} rounds that alternate the order of all plans; inter-host bytes counted by the runtime's counter "
              "(embedding collectives, sent + received, all ranks) against the plan's `traffic_bytes`; link bytes = each host's veth "

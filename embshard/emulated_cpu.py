@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 MARKER = "EMBSHARD_EMULATED_RUN"  # in the environment of a run's processes: the run's name
-PERIOD_US = 10_000  # short enough that a step of a few ms is throttled in small slices, long enough to cost little
+PERIOD_US = 2_000  # the finest whole-ms quota at half a core: a peer that waits on a throttled rank waits at most 1 ms
 ROOTS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))  # cgroup v1's cpu controller, or the v2 hierarchy
 
 
