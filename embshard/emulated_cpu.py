@@ -7,7 +7,8 @@ a plan that loads one rank more than another costs no more than a balanced one. 
 that finishes early cannot lend its GPU, and the slowest rank sets the step: what the planner minimises.
 `RankCpuCaps` puts each rank process (found by the ``RANK`` that torchrun gives it, beside the run's
 ``EMBSHARD_EMULATED_RUN`` marker in its environment) into a cgroup of its own whose CPU bandwidth is
-``cpu_per_rank`` of one core (CFS quota ``cpu_per_rank`` x ``PERIOD_US`` per period; cgroup v1's ``cpu``
+``cpu_per_rank`` of one core (CFS quota ``cpu_per_rank`` x ``PERIOD_US`` per period, the period longer where
+the quota would be under the kernel's 1 ms; cgroup v1's ``cpu``
 controller, or v2's ``cpu.max``), so a rank's work takes its CPU time over ``cpu_per_rank`` whatever the
 others do. The cgroups are named ``embshard-PID-N`` (the run's) and removed
 with the run; those of runs whose process is gone are removed by the next one. Needs root and a cgroup
@@ -25,6 +26,7 @@ from typing import Iterator
 
 MARKER = "EMBSHARD_EMULATED_RUN"  # in the environment of a run's processes: the run's name
 PERIOD_US = 2_000  # the finest whole-ms quota at half a core: a peer that waits on a throttled rank waits at most 1 ms
+MIN_QUOTA_US = 1_000  # the kernel's least CFS quota
 ROOTS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))  # cgroup v1's cpu controller, or the v2 hierarchy
 
 
@@ -90,7 +92,8 @@ class RankCpuCaps:
         self.placed: dict[int, int] = {}  # pid -> rank
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        quota_us = max(1000, round(cpu_per_rank * PERIOD_US))
+        quota_us = max(MIN_QUOTA_US, round(cpu_per_rank * PERIOD_US))
+        period_us = round(quota_us / cpu_per_rank)
         try:
             self.group.mkdir()
             if self.v2:
@@ -99,15 +102,15 @@ class RankCpuCaps:
                 sub = self.group / f"rank{r}"
                 sub.mkdir()
                 if self.v2:
-                    (sub / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
+                    (sub / "cpu.max").write_text(f"{quota_us} {period_us}")
                 else:
-                    (sub / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                    (sub / "cpu.cfs_period_us").write_text(str(period_us))
                     (sub / "cpu.cfs_quota_us").write_text(str(quota_us))
         except OSError as e:
             self.close()
             raise CpuCapsUnavailable(f"could not create CPU-capped cgroups under {root}: {e}") from e
-        self.description = (f"each rank capped at {quota_us / PERIOD_US:g} of a core (cgroup CPU quota "
-                            f"{quota_us / 1000:g} ms per {PERIOD_US / 1000:g} ms)")
+        self.description = (f"each rank capped at {quota_us / period_us:g} of a core (cgroup CPU quota "
+                            f"{quota_us / 1000:g} ms per {period_us / 1000:g} ms)")
 
     def place(self, pid: int, rank: int) -> bool:
         """Move process ``pid`` (all its threads) into rank ``rank``'s group; False if it is gone."""
