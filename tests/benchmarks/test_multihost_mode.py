@@ -140,7 +140,7 @@ def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(trai
             "quick": True, "command": "sudo cmd"}
     text = train.markdown([result], meta)
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 1 Gbit/s inter-host links (QUICK")
-    assert f"inter-host links: {SHAPING})" in text and "best of 3 rounds of 6 steps (after 2 warmup steps each)" in text
+    assert f"inter-host links: {SHAPING})" in text and "the median of 3 rounds of 6 steps (after 2 warmup steps each)" in text
     row = next(line for line in text.splitlines() if line.startswith("| DLRM"))
     assert row == ("| DLRM dot, batch 512 | table_wise 26 | 2.0 | 1,000 | 1,100 | 800 | 850 | 1.18x [1.18, 1.18] | 1.29x [1.29, 1.29] "
                    "| 1.18x [1.18, 1.18] | 1.29x [1.29, 1.29] | 900-1,000 / 500-850 |")
