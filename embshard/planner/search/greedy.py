@@ -38,7 +38,7 @@ def place(state: RankState, unit: Unit, cv: CandVec, by_cost: list[int], costs: 
     also None when that time is above `ceiling` on every rank (the slowest rank with the candidate would
     be above it: local search rejects such a layout).
     """
-    if not _replica_fits(state, cv):
+    if not _replica_fits(cv, max(state.mem) + state.UM, state.problem.cap_bytes):
         return None
     if cv.data_parallel:
         return ()
@@ -59,8 +59,8 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
         return []
     unit = state.problem.units[ui]
     cvs = [unit.cands[ci] for ci in cis]
-    replica_room = state.problem.cap_bytes - max(state.mem) - state.UM  # (`_replica_fits` of each)
-    fits = [not cv.every_mem or cv.every_mem <= replica_room for cv in cvs]
+    used = max(state.mem) + state.UM  # (once for all candidates)
+    fits = [_replica_fits(cv, used, state.problem.cap_bytes) for cv in cvs]
     sharded = [j for j, cv in enumerate(cvs) if fits[j] and not cv.data_parallel]
     ranked, above = {}, set()
     if sharded and by_cost:
@@ -85,9 +85,10 @@ def place_each(state: RankState, ui: int, cis: list[int], by_cost: list[int], co
     return [(ci, pick, arr) for (ci, pick), arr in zip(picks, arrays)]
 
 
-def _replica_fits(state: RankState, cv: CandVec) -> bool:
-    """Every rank has room for the candidate's every-rank bytes (a replica; none: True)."""
-    return not (cv.every_mem and max(state.mem) + state.UM + cv.every_mem > state.problem.cap_bytes)
+def _replica_fits(cv: CandVec, used_bytes: float, cap_bytes: float) -> bool:
+    """Every rank has room for the candidate's every-rank bytes (a replica; none: True); used_bytes: the fullest
+    rank's bytes with the every-rank part (max(state.mem) + state.UM)."""
+    return not (cv.every_mem and used_bytes + cv.every_mem > cap_bytes)
 
 
 def _above(costs_after: np.ndarray, ceiling: float):
