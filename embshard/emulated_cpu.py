@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -46,8 +45,22 @@ def _controller_root() -> tuple[Path, bool]:
                              "/sys/fs/cgroup/cgroup.controllers for v2)")
 
 
-def _pid_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (someone else's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        pass
+    return True
+
+
+def check_share(cpu_per_rank: float) -> None:
+    """ValueError unless ``cpu_per_rank`` is a share of a core above 0 and at most the machine's cores."""
+    if not 0 < cpu_per_rank <= (os.cpu_count() or 1):
+        raise ValueError(f"cpu_per_rank={cpu_per_rank:g}: give a share of a core above 0 and at most the machine's "
+                         f"{os.cpu_count()} cores, or None for no cap")
 
 
 def remove_stale(prefix: str) -> list[str]:
@@ -59,7 +72,7 @@ def remove_stale(prefix: str) -> list[str]:
     stale = []
     for group in root.glob(f"{prefix}*"):
         m = re.fullmatch(re.escape(prefix) + r"(\d+)-\d+", group.name)
-        if m and group.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and group.is_dir() and not pid_alive(int(m.group(1))):
             _remove(group)
             stale.append(group.name)
     return stale
@@ -83,11 +96,9 @@ class RankCpuCaps:
     """``cpu_per_rank`` of a core for each of ``world_size`` ranks; `watch` places rank processes as they start."""
 
     def __init__(self, name: str, world_size: int, cpu_per_rank: float) -> None:
-        if not 0 < cpu_per_rank <= os.cpu_count():
-            raise ValueError(f"cpu_per_rank={cpu_per_rank:g}: give a share of a core above 0 and at most the "
-                             f"machine's {os.cpu_count()} cores")
+        check_share(cpu_per_rank)
         root, self.v2 = _controller_root()
-        self.cpu_per_rank, self.world_size = cpu_per_rank, world_size
+        self.world_size = world_size
         self.group = root / name
         self.placed: dict[int, int] = {}  # pid -> rank
         self._stop = threading.Event()
@@ -135,11 +146,6 @@ class RankCpuCaps:
         self._thread = threading.Thread(target=loop, name="embshard-rank-cpu-caps", daemon=True)
         self._thread.start()
 
-    def throttled_periods(self, rank: int) -> int:
-        """How many CFS periods rank ``rank``'s group was throttled in (its cap at work)."""
-        stat = (self.group / f"rank{rank}" / "cpu.stat").read_text()
-        return int(re.search(r"nr_throttled (\d+)", stat).group(1))
-
     def close(self) -> None:
         """Stop placing and remove the groups (idempotent; call after the ranks have exited)."""
         self._stop.set()
@@ -163,4 +169,3 @@ def _rank_processes(marker: bytes) -> Iterator[tuple[int, int]]:
             rank = next((v[5:] for v in environ if v.startswith(b"RANK=")), b"")
             if rank.isdigit():
                 yield int(entry.name), int(rank)
-

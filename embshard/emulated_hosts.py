@@ -82,16 +82,6 @@ def _ip(*args: str, check: bool = True) -> str:
     return done.stdout
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        pass
-    return True
-
-
 def _kill_namespace_processes(namespace: str, sig: int = signal.SIGKILL) -> list[int]:
     pids = [int(p) for p in _ip("netns", "pids", namespace, check=False).split()]
     for pid in pids:
@@ -113,7 +103,7 @@ def remove_stale() -> list[str]:
     for line in _ip("netns", "list", check=False).splitlines():
         name = line.split()[0] if line.strip() else ""
         m = re.fullmatch(re.escape(PREFIX) + r"(\d+)-\d+-(?:h\d+|sw)", name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not emulated_cpu.pid_alive(int(m.group(1))):
             _delete_namespace(name)
             stale.append(name)
     return stale
@@ -137,9 +127,8 @@ class EmulatedHosts:
             raise ValueError(f"num_hosts: {num_hosts}; use 1 to 250 hosts")
         if rate_gbit <= 0 or delay_ms < 0:
             raise ValueError(f"rate_gbit={rate_gbit}, delay_ms={delay_ms}: the rate must be > 0 and the delay >= 0")
-        if cpu_per_rank is not None and not 0 < cpu_per_rank <= (os.cpu_count() or 1):
-            raise ValueError(f"cpu_per_rank={cpu_per_rank:g}: give a share of a core above 0 and at most the machine's "
-                             f"{os.cpu_count()} cores, or None for no cap")
+        if cpu_per_rank is not None:
+            emulated_cpu.check_share(cpu_per_rank)
         self.rate_gbit, self.delay_ms, self.cpu_per_rank = rate_gbit, delay_ms, cpu_per_rank
         self.base = base = f"{PREFIX}{os.getpid()}-{next(_runs)}"
         self.switch = f"{base}-sw"
