@@ -183,7 +183,7 @@ def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) 
             cw = unit_j.cands[choice[uj][0]]
             c_j, w0, w1, w2, w3, mw, hj, w, k_j = cw.shard_rows[sj]
             if c_j < costliest and least_compute - c_j < slack and (
-                    not (cw.host_bound or len(unit_j.ranks) != W) or _allowed(state, uj, sj, q, r)):  # (`_restricted`)
+                    not _restricted(unit_j, cw, W) or _allowed(state, uj, sj, q, r)):
                 theirs.append((uj, sj, c_j, w0, w1, w2, w3, mw, hj, hq0 - w0, hq1 - w1, hq2 - w2, w, k_j))
         if not theirs:
             continue
