@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cost_model_accuracy import TITLE, today  # noqa: E402
-from sections import update_section  # noqa: E402
+from sections import update_section, write_keeping_section  # noqa: E402
 from local_ranks import run_script_ranks  # noqa: E402
 from paired import paired_rounds  # noqa: E402
 import profiles  # noqa: E402
@@ -55,6 +55,7 @@ from embshard.planner import ShardingPlan, evaluate, manual_plan, plan  # noqa: 
 from embshard.specs import TableSpec, load_tables_file  # noqa: E402
 from embshard.topology import Topology  # noqa: E402
 
+NOTES_SECTION = "notes"  # multihost.md's hand-written part, which a --hosts run keeps
 W, BATCH, LR = 4, 512, 0.01
 PLANNERS = ("embshard", "torchrec", "greedy")
 
@@ -287,8 +288,11 @@ def main() -> None:
     parser.add_argument("--embshard-budget-s", type=float, default=10.0)
     parser.add_argument("--torchrec-search-s", type=int, help="default 60 (one host), 20 (--hosts)")
     parser.add_argument("--skip-dmp", action="store_true")
-    parser.add_argument("--json", default="benchmarks/results/plans_measured.json")
-    parser.add_argument("--markdown", default="benchmarks/results/cost_model.md")
+    parser.add_argument("--json", default="benchmarks/results/plans_measured.json",
+                        help="default: that (one host), benchmarks/results/multihost.json (--hosts)")
+    parser.add_argument("--markdown", default="benchmarks/results/cost_model.md",
+                        help="default: that, its plans section (one host); benchmarks/results/multihost.md (--hosts: the file "
+                             f"anew, but for its hand-written section between <!-- {NOTES_SECTION}:start/end --> marks)")
     parser.add_argument("--from-json")
     hosts = parser.add_argument_group("multi-host mode (benchmarks/plans_multihost.py; needs root: emulated hosts)")
     hosts.add_argument("--hosts", type=int, default=0, help="emulated hosts (0: the one-host benchmark above)")
@@ -323,8 +327,10 @@ def main() -> None:
         if json_path:
             json_path.write_text(json.dumps(result, indent=1))
         text = multihost_markdown(result, "sudo .venv/bin/python benchmarks/plans_measured.py " + " ".join(sys.argv[1:]))
-        if not result["quick"]:
-            (REPO / "benchmarks" / "results" / "multihost.md").write_text(f"# Multi-host benchmarks\n\n{text}")
+        default_md = args.markdown == parser.get_default("markdown")
+        if not (result["quick"] and default_md):
+            md_path = REPO / "benchmarks" / "results" / "multihost.md" if default_md else Path(args.markdown)
+            write_keeping_section(md_path, f"# Multi-host benchmarks\n\n{text}", NOTES_SECTION)
         print(text)
         return
     if not (REPO / "embshard" / "configs" / "topology" / f"{args.profile}.yaml").exists():

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from embshard.planner.cost.traffic import reducers
 from embshard.runtime.comm import all_to_all_autograd, host_groups
-from embshard.runtime.permute import Permute, inverse_permutation
+from embshard.runtime.permute import Permute, inverse_permutation, run_unit
 from embshard.runtime.routing import Routing, Slot
 
 
@@ -60,6 +60,8 @@ class HostReduction:
         self.my_width = sum(s.num_cols for s in mine)
         self.direct_cols = [c for i, s in enumerate(mine) if (me, i) not in reduced
                             for c in range(self.col_start[i], self.col_start[i] + s.num_cols)]
+        # every block moved is whole runs of `unit` floats (slot widths and offsets are multiples of it): one index a run
+        self.unit = run_unit(self.my_width, *(s.num_cols for s in mine))
         self.my_groups = [g for g in groups if me in g.members]
         self.assigned = [[g for g in self.my_groups if g.reducer[w] == me] for w in range(W)]
         self.width_to = [len(self.direct_cols) + sum(g.num_cols for g in self.assigned[w]) for w in range(W)]
@@ -80,13 +82,14 @@ class HostReduction:
 
     def _indices(self, batch_sizes: tuple[int, ...]):
         """For these batch sizes: (X's permutation into [stage-1 message, direct floats] and its inverse,
-        stage-1 send splits, receive splits, Y index of every received float, Y size, the permutation of
+        stage-1 send splits, receive splits, Y index of every received run, Y size, the permutation of
         [direct floats, Y] into the stage-2 message and its inverse, its splits). Every float of X is sent
         exactly once, in stage 1 (grouped slots, to their reducer) or stage 2 (direct slots); every float
-        of Y once, in stage 2: gathers by permutations, whose backward needs no zero-filled scatter."""
+        of Y once, in stage 2: gathers by permutations, whose backward needs no zero-filled scatter. The
+        indexes count runs of `unit` floats (splits and sizes count floats)."""
         if batch_sizes in self._cache:
             return self._cache[batch_sizes]
-        me, W, dev = self.routing.rank, self.routing.world_size, self.device
+        me, W, dev, u = self.routing.rank, self.routing.world_size, self.device, self.unit
         row0 = [sum(batch_sizes[:w]) for w in range(W)]
         rows = [torch.arange(row0[w], row0[w] + batch_sizes[w], device=dev) for w in range(W)]
         peers = range(self.host * self.L, (self.host + 1) * self.L)
@@ -100,10 +103,10 @@ class HostReduction:
         for p in peers:
             n = 0
             for g in self.my_groups:
-                cols = torch.arange(g.num_cols, device=dev) + self._my_slot_cols(g)
+                cols = torch.arange(g.num_cols // u, device=dev) + self._my_slot_cols(g) // u
                 for w in range(W):
                     if g.reducer[w] == p:
-                        send1.append((rows[w].unsqueeze(1) * self.my_width + cols).reshape(-1))
+                        send1.append((rows[w].unsqueeze(1) * (self.my_width // u) + cols).reshape(-1))
                         n += batch_sizes[w] * g.num_cols
             in1.append(n)
             n = 0
@@ -112,24 +115,24 @@ class HostReduction:
                     for w in range(W):
                         if g in self.assigned[w]:
                             m = batch_sizes[w] * g.num_cols
-                            y_index.append(torch.arange(y_off[(w, id(g))], y_off[(w, id(g))] + m, device=dev))
+                            y_index.append(torch.arange(y_off[(w, id(g))] // u, (y_off[(w, id(g))] + m) // u, device=dev))
                             n += m
             out1.append(n)
-        x_size = sum(batch_sizes) * self.my_width
-        direct = torch.tensor(self.direct_cols, dtype=torch.int64, device=dev)
-        nd = len(self.direct_cols)
-        direct_x = (torch.arange(sum(batch_sizes), device=dev).unsqueeze(1) * self.my_width + direct).reshape(-1)
-        send2 = []  # into [direct floats (rows in order, direct columns), Y]
+        x_runs = sum(batch_sizes) * self.my_width // u
+        direct = torch.tensor(self.direct_cols[::u], dtype=torch.int64, device=dev) // u  # the first column of each run
+        nd = len(self.direct_cols) // u
+        direct_x = (torch.arange(sum(batch_sizes), device=dev).unsqueeze(1) * (self.my_width // u) + direct).reshape(-1)
+        send2 = []  # into [direct runs (rows in order, direct columns), Y]
         for w in range(W):
             parts = [row0[w] * nd + torch.arange(batch_sizes[w] * nd, device=dev).view(batch_sizes[w], nd)]
             for g in self.assigned[w]:
-                local = torch.arange(batch_sizes[w], device=dev).unsqueeze(1) * g.num_cols + torch.arange(g.num_cols, device=dev)
-                parts.append(local + direct_x.numel() + y_off[(w, id(g))])
+                local = torch.arange(batch_sizes[w], device=dev).unsqueeze(1) * (g.num_cols // u) + torch.arange(g.num_cols // u, device=dev)
+                parts.append(local + direct_x.numel() + y_off[(w, id(g))] // u)
             send2.append(torch.cat(parts, dim=1).reshape(-1))
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
         cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
         perm_x, perm_z = torch.cat([cat(send1), direct_x]), cat(send2)
-        assert perm_x.numel() == x_size and perm_z.numel() == direct_x.numel() + size, "every float is sent exactly once"
+        assert perm_x.numel() == x_runs and perm_z.numel() == direct_x.numel() + size // u, "every float is sent exactly once"
         out = (perm_x, inverse_permutation(perm_x), in1, out1, cat(y_index), size, perm_z, inverse_permutation(perm_z),
                [b * w for b, w in zip(batch_sizes, self.width_to)])
         self._cache[batch_sizes] = out
@@ -138,9 +141,11 @@ class HostReduction:
     def __call__(self, local: Tensor, batch_sizes: tuple[int, ...]) -> tuple[Tensor, list[int]]:
         """Reduce this host's partial sums; returns (flat stage-2 message for every sample owner, its splits)."""
         perm_x, inverse_x, in1, out1, y_index, y_size, perm_z, inverse_z, splits = self._indices(batch_sizes)
-        x = local.reshape(-1)
-        sent, direct = Permute.apply(x, perm_x, inverse_x).split([sum(in1), x.numel() - sum(in1)])  # split: no zeros in backward
-        y = x.new_zeros(y_size)
+        u = self.unit
+        x = local.reshape(-1, u)
+        permuted = Permute.apply(x, perm_x, inverse_x).reshape(-1)
+        sent, direct = permuted.split([sum(in1), permuted.numel() - sum(in1)])  # split: no zeros in backward
+        y = x.new_zeros(y_size // u, u)
         if self.sub_pg is not None:
-            y = y.index_add(0, y_index, all_to_all_autograd(sent, out1, in1, self.sub_pg))
-        return Permute.apply(torch.cat([direct, y]), perm_z, inverse_z), splits
+            y = y.index_add(0, y_index, all_to_all_autograd(sent, out1, in1, self.sub_pg).view(-1, u))
+        return Permute.apply(torch.cat([direct, y.reshape(-1)]).view(-1, u), perm_z, inverse_z).reshape(-1), splits

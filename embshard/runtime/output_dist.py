@@ -14,8 +14,6 @@ travel in the plan's wire dtypes (`embshard.runtime.wire`); the sums are added i
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -24,14 +22,9 @@ from embshard.comms import CommsPrecision
 from embshard.runtime.features import Batch
 from embshard.runtime.host_reduce import HostReduction, reduced_groups
 from embshard.runtime.input_dist import Received
-from embshard.runtime.permute import Permute, inverse_permutation
+from embshard.runtime.permute import Permute, inverse_permutation, run_unit
 from embshard.runtime.routing import Routing
 from embshard.runtime.wire import wire_all_to_all
-
-
-def _unit(*sizes: int) -> int:
-    """Largest block of floats that every moved piece is made of (widths and offsets are multiples of it)."""
-    return math.gcd(*sizes) or 1
 
 
 def by_source(kernel_outputs: list[Tensor], floats_per_source_kernel: tuple[tuple[int, ...], ...]) -> Tensor:
@@ -71,7 +64,7 @@ class PooledOutputDist:
         # and runs of `unit` columns move together.
         self.one_to_one = torch.equal(self.target_cols.sort().values, torch.arange(routing.output_dim, device=device))
         slots = [*routing.send_slots, *replica_slots]
-        self.unit = _unit(routing.output_dim, *self.widths, *self.replica_widths,
+        self.unit = run_unit(routing.output_dim, *self.widths, *self.replica_widths,
                           *(s.num_cols for s in slots), *(feats[s.feature].col_offset + s.col_offset for s in slots))
         self._index_cache: dict[int, tuple[Tensor, Tensor] | None] = {}
 
@@ -129,7 +122,7 @@ class SequenceOutputDist:
         feats = routing.features
         send = routing.send_slots
         # Rows move in runs of `unit` floats: a whole row unless column shards cut it.
-        self.unit = u = _unit(*(s.num_cols for s in send), *(s.col_offset for s in send),
+        self.unit = u = run_unit(*(s.num_cols for s in send), *(s.col_offset for s in send),
                               *(f.dim for f in feats if not f.data_parallel))
         self.slot_width_u = torch.tensor([s.num_cols // u for s in send], dtype=torch.int64, device=device)
         self.slot_col_u = torch.tensor([s.col_offset // u for s in send], dtype=torch.int64, device=device)

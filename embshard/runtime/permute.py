@@ -1,7 +1,10 @@
 """Rows gathered by a permutation, with a backward that gathers by its inverse: no zero-filled
-scatter (what `index_select`'s backward does) where every row is used exactly once."""
+scatter (what `index_select`'s backward does) where every row is used exactly once; and the run of
+floats (`run_unit`) that such a gather moves as one row."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -23,3 +26,9 @@ class Permute(torch.autograd.Function):
 
 def inverse_permutation(perm: Tensor) -> Tensor:
     return torch.empty_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
+
+
+def run_unit(*sizes: int) -> int:
+    """Largest block of floats that every moved piece is made of (widths and offsets are multiples of it): gathers
+    move runs of this many floats, one index per run."""
+    return math.gcd(*sizes) or 1
