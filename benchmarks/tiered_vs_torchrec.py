@@ -20,7 +20,7 @@ default proposers and timeout_seconds=240 (it finishes in seconds; killed after 
 set gets TorchRec's best proposer for it alone, GreedyProposer(use_depth=False): on generate_tables(200,
 seed=0) at 64 ranks (HBM for half of it) its best plan rates 54 ms, the default list's first proposer,
 GreedyProposer(), gets 1,413 ms, and a time cap would end the default list inside that one; with
-`timeout_seconds=--torchrec-search-s` (200) for its search and `--torchrec-limit-s` (480) of wall
+`timeout_seconds=--torchrec-search-s` (200) for its search and `--torchrec-limit-s` (1,500) of wall
 clock for the whole child, since TorchRec's enumeration of the options comes first and no cap of its
 own bounds it (about 0.1 CPU s per table at 64 ranks: 21 s for 200 tables, 60 s for 600, so 200 to
 250 s for the 2,000). With 2,000 tables, 64 ranks and its search capped at 140 s on a loaded machine,
@@ -32,7 +32,8 @@ times are each process's CPU seconds, with no other planner running beside it). 
 about 10 minutes on a quiet 2-core machine (the pieces timed here, in CPU seconds: measuring 49 (1.5
 GiB peak), criteo_tb_measured 15 with TorchRec's child 7, embshard on the set 12, again
 torchrec_compatible 12 where TorchRec cannot run its plan, TorchRec's estimate of embshard's plans
-17 each, then TorchRec's child on the set up to its 480 s limit).
+17 each, then TorchRec's child on the set up to its 1,500 s limit: 447 CPU s on the slower AMD EPYC VM of
+2026-12-06, where 480 s of wall clock, the earlier limit, cut it off).
 
 Each plan is scored by embshard's model (`evaluate`) and by TorchRec's EmbeddingPerfEstimator
 (`torchrec_estimate`; TorchRec's plan by its own rating). Planning times are CPU seconds of the
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torchrec-search-s", type=int, default=None,
                         help="TorchRec's timeout_seconds on the generated set (default 200; quick 20)")
     parser.add_argument("--torchrec-limit-s", type=float, default=None,
-                        help="wall clock after which TorchRec's child on the generated set is killed (default 480; quick 120)")
+                        help="wall clock after which TorchRec's child on the generated set is killed (default 1500; quick 120)")
     parser.add_argument("--markdown", type=Path, help="write the results here (e.g. benchmarks/results/tiered.md)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     args.samples = args.samples or (2000 if quick else 15_000)
     args.embshard_budget_s = args.embshard_budget_s or (2.0 if quick else 10.0)
     args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
-    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 480.0)
+    args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 1500.0)
     rows = []
     for name, specs, topo, search in cases(args):  # each planner alone on the machine: its CPU s are its own
         t0 = time.perf_counter()
