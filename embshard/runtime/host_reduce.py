@@ -60,8 +60,9 @@ class HostReduction:
         self.my_width = sum(s.num_cols for s in mine)
         self.direct_cols = [c for i, s in enumerate(mine) if (me, i) not in reduced
                             for c in range(self.col_start[i], self.col_start[i] + s.num_cols)]
-        # every block moved is whole runs of `unit` floats (slot widths and offsets are multiples of it): one index a run
-        self.unit = run_unit(self.my_width, *(s.num_cols for s in mine))
+        # every block moved is whole runs of `unit` floats (slot widths, so their offsets and my_width, are multiples of
+        # it): one index a run
+        self.unit = run_unit(*(s.num_cols for s in mine))
         self.my_groups = [g for g in groups if me in g.members]
         self.assigned = [[g for g in self.my_groups if g.reducer[w] == me] for w in range(W)]
         self.width_to = [len(self.direct_cols) + sum(g.num_cols for g in self.assigned[w]) for w in range(W)]
