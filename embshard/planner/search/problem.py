@@ -205,6 +205,11 @@ class Unit:
         return out
 
     @cached_property
+    def grouped(self) -> list[int]:
+        """The candidates whose replica runs in a data-parallel mode group (`CandVec.every_groups`)."""
+        return [ci for ci, cv in enumerate(self.cands) if cv.every_groups]
+
+    @cached_property
     def compute_desc(self) -> np.ndarray:
         """Per candidate, its shards' compute times (their vectors' last part), largest first, padded with zeros
         to the most shards of any candidate: (C, shards)."""
