@@ -29,11 +29,6 @@ from embshard.planner.types import Location
 EPS = 1e-9
 
 
-def _layout(cv: CandVec) -> tuple:
-    """What a tier change keeps: each member's type, blocks and hot set (the ranks may change)."""
-    return tuple((c.sharding_type, c.row_spans, c.col_spans, c.hot_rows) for c in cv.cand)
-
-
 _TIER_ORDER = {Location.HOST: 0, Location.UVM_CACHE: 1, Location.HBM: 2}
 
 
@@ -70,8 +65,8 @@ def _grow_pass(state: RankState, deadline: float, any_layout: bool) -> tuple[int
         ci, ranks = state.choice[ui]
         unit = units[ui]
         here = _tier(unit.cands[ci])
-        layout = _layout(unit.cands[ci])
-        better = [cj for cj, cv in enumerate(unit.cands) if _tier(cv) > here and (any_layout or _layout(cv) == layout)]
+        layout = unit.cands[ci].layout  # (the ranks may change)
+        better = [cj for cj, cv in enumerate(unit.cands) if _tier(cv) > here and (any_layout or cv.layout == layout)]
         if not better:
             continue
         ceiling = max(state.costs()) + EPS

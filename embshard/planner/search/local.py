@@ -32,7 +32,7 @@ MAX_RISE = 0.02  # a re-shard may lift the maximum this much if the smooth maxim
 PATIENCE = 100  # steps without a new best maximum after which the search ends
 KICK_AFTER = 20  # steps without a new best maximum before the first kick
 KICK_UNITS = 6  # the slowest rank's hottest units a kick re-shards
-KICK_LAYOUTS = 12  # layouts tried per unit in a kick (those that lift the fewest ranks to the maximum)
+KICK_LAYOUTS = 12  # layouts tried per unit in a kick (those that lift the fewest ranks to the maximum; tier variants once)
 REPAIR_STEPS = 32  # moves and swaps a kick may take to bring every rank below the old maximum
 REBALANCE_FIRST = 2.0  # a start is rebalanced before its kicks when less time is left than this many times its descent took
 
@@ -334,7 +334,12 @@ def _kick(state: RankState, deadline: float) -> RankState | None:
             lifted, tops = np.count_nonzero(new_costs >= cmax - EPS, axis=1).tolist(), new_costs.max(axis=1).tolist()
             layouts = [(n, top, ci, pick) for (ci, pick, _), below, n, top
                        in zip(placed, (new_costs[:, r] < cmax - EPS).tolist(), lifted, tops) if below]
-        layouts = sorted(layouts)[:KICK_LAYOUTS]  # the fewest ranks to repair first
+        # the fewest ranks to repair first; of a layout's tier variants on the same ranks only the first (the one that
+        # lifts the fewest ranks, by the least: a faster tier) is tried, so the other layouts get the slots
+        first_of = {}
+        for item in sorted(layouts):
+            first_of.setdefault((units[ui].cands[item[2]].layout, item[3]), item)
+        layouts = list(first_of.values())[:KICK_LAYOUTS]
         # a layout with a shard that alone takes its rank to the maximum cannot be repaired (criteo_tb_measured tiered:
         # 9 of the 57 repairs that fail); it keeps its place in the order, so the layouts tried are those tried without this
         cis = [ci for _, _, ci, _ in layouts]

@@ -112,6 +112,11 @@ class CandVec:
         return self.cand[0].label
 
     @cached_property
+    def layout(self) -> tuple:
+        """What a change of tier keeps: each member's type, blocks and hot set (its tier variants share it)."""
+        return tuple((c.sharding_type, c.row_spans, c.col_spans, c.hot_rows) for c in self.cand)
+
+    @cached_property
     def work_ms(self) -> float:
         """Lower bound of the total rank-time this candidate adds across all ranks (holder side)."""
         return sum(self.shard_cost)
