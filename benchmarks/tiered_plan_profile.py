@@ -35,9 +35,11 @@ from embshard.specs import load_tables_file  # noqa: E402
 from embshard.topology import Topology  # noqa: E402
 
 
-def case():
+def case(ddr_gib: float = 64.0):
+    """criteo_tb_measured on 8 ranks x 8 GiB of HBM with ddr_gib of host memory each (tiered_vs_torchrec.py's first case)."""
     specs, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml")
-    return specs, Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=64.0, batch_size_per_rank=4096)
+    return specs, Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=ddr_gib,
+                           batch_size_per_rank=4096)  # the batch of the file's topology (README's dry run)
 
 
 def print_profile(profile: cProfile.Profile) -> None:
@@ -47,10 +49,10 @@ def print_profile(profile: cProfile.Profile) -> None:
         print(out.getvalue())
 
 
-def cold_child(profiled: bool) -> None:
+def cold_child(profiled: bool, ddr_gib: float = 64.0) -> None:
     """The first plan of a process that imported what the benchmark imports: its CPU s (and objective) as JSON."""
     import tiered_vs_torchrec  # noqa: F401  (the benchmark's imports, before its first plan)
-    specs, topo = case()
+    specs, topo = case(ddr_gib)
     profile = cProfile.Profile() if profiled else None
     if profile:
         profile.enable()
@@ -63,11 +65,17 @@ def cold_child(profiled: bool) -> None:
     print(json.dumps({"cpu_s": cpu_s, "objective_ms": p.max_rank_ms}))
 
 
+def cold_plan(ddr_gib: float = 64.0) -> dict:
+    """`cold_child` in a fresh process: {"cpu_s", "objective_ms"} of its first plan."""
+    out = subprocess.run([sys.executable, __file__, "--cold-child", "--ddr-gib", repr(ddr_gib)], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def cold(runs: int, profiled: bool) -> None:
     cpu_s, objectives = [], set()
     for i in range(runs):
-        out = subprocess.run([sys.executable, __file__, "--cold-child"], capture_output=True, text=True, check=True, cwd=REPO)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r = cold_plan()
         cpu_s.append(r["cpu_s"])
         objectives.add(r["objective_ms"])
         print(f"cold plan {i}: {r['cpu_s']:.4f} CPU s", flush=True)
@@ -84,9 +92,10 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="each run the first plan of a fresh process")
     parser.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--profiled", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ddr-gib", type=float, default=64.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_child:
-        return cold_child(args.profiled)
+        return cold_child(args.profiled, args.ddr_gib)
     if args.cold:
         return cold(args.runs, not args.no_profile)
     specs, topo = case()

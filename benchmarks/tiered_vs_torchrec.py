@@ -37,7 +37,9 @@ torchrec_compatible 12 where TorchRec cannot run its plan, TorchRec's estimate o
 
 Each plan is scored by embshard's model (`evaluate`) and by TorchRec's EmbeddingPerfEstimator
 (`torchrec_estimate`; TorchRec's plan by its own rating). Planning times are CPU seconds of the
-planning call. `--quick`: criteo_tb_measured, and 100 generated tables on 8 ranks with HBM for
+planning call. A run's speedup is one pair of noisy CPU times, so `--pairs` (9) more alternating pairs on
+criteo_tb_measured follow the run, each planner in a fresh process (`paired_planning`); their median is the
+planning-speed figure (about 25 s a pair). `--quick`: criteo_tb_measured, and 100 generated tables on 8 ranks with HBM for
 half of them, 2,000 measured samples, short budgets; it writes nothing unless --markdown is given.
 """
 
@@ -46,6 +48,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -53,7 +57,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_vs_torchrec import REPO, TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
+from planner_vs_torchrec import TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
+from tiered_plan_profile import case, cold_plan  # noqa: E402
 
 from embshard.data.config import SyntheticConfig  # noqa: E402
 from embshard.machine import cpu_model  # noqa: E402
@@ -61,7 +66,7 @@ from embshard.planner import PlanInfeasibleError, evaluate  # noqa: E402
 from embshard.planner.plan import ShardingPlan  # noqa: E402
 from embshard.planner.types import Location  # noqa: E402
 from embshard.planner.report import tiered_tables  # noqa: E402
-from embshard.specs import TableSpec, load_tables_file  # noqa: E402
+from embshard.specs import TableSpec  # noqa: E402
 from embshard.stats.measure import measure, measured_spec  # noqa: E402
 from embshard.topology import GIB, Topology  # noqa: E402
 from embshard.workloads import generate_tables  # noqa: E402
@@ -93,10 +98,7 @@ class TorchRecSearch:
 
 
 def cases(args) -> list[tuple[str, tuple[TableSpec, ...], Topology, TorchRecSearch]]:
-    tb, _ = load_tables_file(REPO / "embshard" / "configs" / "tables" / "criteo_tb_measured.yaml")
-    out = [("criteo_tb_measured", tb, Topology(world_size=8, local_world_size=8, hbm_gib=8.0, ddr_gib=args.ddr_gib,
-                                               batch_size_per_rank=4096),  # the batch of the file's topology (README's dry run)
-            TorchRecSearch("default", 240, 120.0))]
+    out = [("criteo_tb_measured", *case(args.ddr_gib), TorchRecSearch("default", 240, 120.0))]
     n, world = (100, 8) if args.quick else (2000, 64)
     print(f"measuring hot_rows of {n} generated tables from {args.samples:,} synthetic samples ...", flush=True)
     gen = measured_tables(generate_tables(n, seed=0), args.id_skew, args.samples)
@@ -155,6 +157,36 @@ def row(r: dict, specs: tuple[TableSpec, ...], topo: Topology, tr: dict, search:
         if r.get("es_tr_ms") is not None:
             r["ratio_tr_model"] = r["es_tr_ms"] / r["tr_tr_ms"]
     return r
+
+
+def paired_planning(specs: tuple[TableSpec, ...], topo: Topology, search: TorchRecSearch, pairs: int, ddr_gib: float) -> dict:
+    """Planning CPU s of `pairs` alternating pairs on criteo_tb_measured (embshard first in even pairs, TorchRec first in
+    odd ones), each planner in a fresh process: embshard's first plan after the benchmark's imports
+    (`tiered_plan_profile.cold_plan`), TorchRec's child as in the main run. One pair is one sample of two noisy CPU times
+    (TorchRec's child took 1.16 to 2.00 CPU s in twenty pairs on the 2026-12-06 VM): the median of the pairs' speedups
+    is the figure to read. Returns each pair's CPU s (embshard, TorchRec) and speedup."""
+    es, tr = [], []
+    for i in range(pairs):
+        for who in ("es", "tr") if i % 2 == 0 else ("tr", "es"):
+            if who == "es":
+                es.append(cold_plan(ddr_gib)["cpu_s"])
+                continue
+            r = TorchRecRun(specs, topo, search.limit_s, search.search_s, uvm=True, proposers=search.proposers).result()
+            if r["status"] != "ok":
+                raise RuntimeError(f"paired timing: TorchRec's child {r['status']}: {r.get('detail', '')}")
+            tr.append(r["cpu_s"])
+        print(f"pair {i}: embshard {es[-1]:.3f}, TorchRec {tr[-1]:.3f} CPU s: {tr[-1] / es[-1]:.1f}x", flush=True)
+    return {"es_cpu_s": es, "tr_cpu_s": tr, "speedups": [t / e for e, t in zip(es, tr)]}
+
+
+def paired_line(paired: dict) -> str:
+    ups, n = paired["speedups"], len(paired["speedups"])
+    return (f"Planning time on criteo_tb_measured, {n} alternating pairs after the run (each planner a fresh process; "
+            f"embshard's first plan after the benchmark's imports, `tiered_plan_profile.py --cold-child`; TorchRec's child as "
+            f"above): speedup median **{statistics.median(ups):.1f}x** (min {min(ups):.1f}, max {max(ups):.1f}; "
+            f"{sum(u >= 10 for u in ups)} of {n} pairs at 10x or more; in pair order "
+            f"{', '.join(f'{u:.1f}' for u in ups)}); embshard median {statistics.median(paired['es_cpu_s']):.3f} CPU s, "
+            f"TorchRec {statistics.median(paired['tr_cpu_s']):.3f}.")
 
 
 def _cache_shares(p: ShardingPlan) -> str:
@@ -240,10 +272,11 @@ buffer instead of concatenating them (a follow-up for the runtime and the model 
 """
 
 
-def markdown(rows: list[dict], args, total_s: float) -> str:
+def markdown(rows: list[dict], args, total_s: float, paired: dict | None, loads: tuple[str, str]) -> str:
     lines = ["# Tiered plans vs TorchRec's planner with UVM caching\n",
              f"`{COMMAND}`{' --quick' if args.quick else ''} on {cpu_model()}, "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, embshard {git_commit()}, {total_s:.0f} s in all; "
+             f"load average (1/5/15 min) {loads[0]} before, {loads[1]} after; "
              f"embshard budget {args.embshard_budget_s:g} s; hot_rows of the generated set from {args.samples:,} synthetic samples. "
              "Costs are predicted ms per step of the slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is "
              "cheaper under that model); speedup = TorchRec's planning CPU s / embshard's (TorchRec's CPU s include the "
@@ -268,7 +301,7 @@ def markdown(rows: list[dict], args, total_s: float) -> str:
              + (f"; TorchRec's plan {r['tr_es_why']}" if r.get("tr_es_why") else "")
              + f"; cache shares of the tables out of HBM: embshard {r.get('es_shares', '-')}, TorchRec {r.get('tr_shares', '-')}"
              for r in rows]
-    return "\n".join(lines + ["", *notes, "", FINDING])
+    return "\n".join(lines + ["", *notes, "", *([paired_line(paired), ""] if paired else []), FINDING])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="TorchRec's timeout_seconds on the generated set (default 200; quick 20)")
     parser.add_argument("--torchrec-limit-s", type=float, default=None,
                         help="wall clock after which TorchRec's child on the generated set is killed (default 1500; quick 120)")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="alternating embshard / TorchRec planning-time pairs on criteo_tb_measured after the run (default 9; quick 2; 0: none)")
     parser.add_argument("--markdown", type=Path, help="write the results here (e.g. benchmarks/results/tiered.md)")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -291,8 +326,11 @@ def main(argv: list[str] | None = None) -> None:
     args.embshard_budget_s = args.embshard_budget_s or (2.0 if quick else 10.0)
     args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
     args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 1500.0)
-    rows = []
-    for name, specs, topo, search in cases(args):  # each planner alone on the machine: its CPU s are its own
+    args.pairs = (2 if quick else 9) if args.pairs is None else args.pairs
+    load_before = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    rows, paired = [], None
+    cases_run = cases(args)
+    for name, specs, topo, search in cases_run:  # each planner alone on the machine: its CPU s are its own
         t0 = time.perf_counter()
         es = run_embshard(specs, topo, args.embshard_budget_s)
         print(f"{name}: embshard {es['status']} ({time.perf_counter() - t0:.1f} s); scoring it ...", flush=True)
@@ -307,7 +345,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{_f(r.get('tr_es_ms'))} / {_f(r.get('tr_tr_ms'))} ms; ratios {_f(r.get('ratio_es_model'))} (es model), "
               f"{_f(r.get('ratio_tr_model'))} (tr model); planning speedup {_f(r.get('speedup'), '.1f')}x"
               + (f"; {r['detail']}" if r["detail"] else "") + f" ({time.perf_counter() - t_start:.0f} s so far)", flush=True)
-    text = markdown(rows, args, time.perf_counter() - t_start)
+    name, specs, topo, search = cases_run[0]
+    if args.pairs and rows[0].get("tr_status") == "ok":
+        print(f"{name}: {args.pairs} alternating planning-time pairs ...", flush=True)
+        paired = paired_planning(specs, topo, search, args.pairs, args.ddr_gib)
+    text = markdown(rows, args, time.perf_counter() - t_start, paired, (load_before, "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())))
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
