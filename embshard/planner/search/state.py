@@ -147,15 +147,10 @@ class RankState:
         """Per candidate ci of `cis` (of `unit`), every rank's cost (kernel calls left out) from holder sums h[j]
         ((n, W, 4), or (1, W, 4) for all alike) and the state's requester side and every-rank time with its added."""
         _, req, every = unit.sums
-        if isinstance(cis, range) and len(cis) == len(unit.cands):  # every candidate: the arrays whole (no index array)
-            u, tail = np.array(self.U) + req, self.E + every
-            for ci in unit.grouped:
-                tail[ci] += self._new_groups_ms(unit.cands[ci])
-        else:
-            u, tail = np.array(self.U) + req[cis], self.E + every[cis]
-            for j, ci in enumerate(cis):
-                if unit.cands[ci].every_groups:
-                    tail[j] += self._new_groups_ms(unit.cands[ci])
+        whole = isinstance(cis, range) and len(cis) == len(unit.cands)  # every candidate: the arrays whole (no index array)
+        u, tail = np.array(self.U) + (req if whole else req[cis]), self.E + (every if whole else every[cis])
+        for j in unit.grouped if whole else [j for j, ci in enumerate(cis) if unit.cands[ci].every_groups]:
+            tail[j] += self._new_groups_ms(unit.cands[cis[j]])
         a2a = np.maximum(h[:, :, :3], u[:, None, :])
         return a2a[:, :, 0] + a2a[:, :, 1] + a2a[:, :, 2] + h[:, :, 3] + tail[:, None]
 
