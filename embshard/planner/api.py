@@ -154,7 +154,8 @@ def plan(specs: Sequence[TableSpec], topology: Topology, constraints: Constraint
         packed, rounds = target_pack(problem, default_order(problem), bound, max(state.costs()), clock.search_deadline)
         clock.lap("target_packing")
         if packed is None:
-            clock.skip("target packing (out of time before a round finished)")
+            clock.skip("target packing (out of time before a round finished)" if not rounds else
+                       "target packing (no order of the tables packed into memory)")
     if packed is not None:
         packed, steps = polish(packed, clock.search_deadline)
         clock.lap("local_search")

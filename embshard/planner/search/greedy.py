@@ -197,6 +197,37 @@ def largest_shard_needs(problem: Problem) -> list[int]:
     return [min(cv.largest_mem + cv.every_mem for cv in u.cands) for u in problem.units]
 
 
+class MemoryAhead:
+    """The HBM the units still to place need, for a pass placing `order` one unit after another: a replica (and with
+    host memory for tables, any layout) must leave room for their least bytes in all, with tiers also for the largest
+    shard some later unit needs on one rank, and a replica the emptiest rank room for that shard (`largest_shard_needs`)
+    -- else HBM filled to the byte strands small tables that fit no rank (`greedy`, `pack._pack`)."""
+
+    def __init__(self, problem: Problem, order: list[int]) -> None:
+        W = problem.topo.world_size
+        self.problem, self.tiers = problem, problem.host_cap_bytes > 0
+        self.min_mem = {u: min(sum(cv.shard_mem) + W * cv.every_mem for cv in problem.units[u].cands) for u in order}
+        self.remaining = sum(self.min_mem.values())
+        needs = largest_shard_needs(problem)
+        later = [0] * (len(order) + 1)  # later[i]: the largest need of the units after order[i]
+        for i in range(len(order) - 1, -1, -1):
+            later[i] = max(later[i + 1], needs[order[i]])
+        self.later_need = dict(zip(order, later[1:]))
+
+    def next(self, ui: int, state: RankState) -> None:
+        """Unit ui is the next to place (its own bytes leave the remaining); `leaves_room` asks for it in `state`."""
+        self.remaining -= self.min_mem[ui]
+        self.need, self.used, self.least = self.later_need[ui], sum(state.mem), min(state.mem)
+
+    def leaves_room(self, state: RankState, cv: CandVec) -> bool:
+        """Whether candidate cv of the unit `next` named leaves room for the units after it."""
+        if not (cv.every_mem or self.tiers):
+            return True
+        W, cap, need = len(state.mem), self.problem.cap_bytes, self.need
+        return not (W * (state.UM + cv.every_mem) + self.used + sum(cv.shard_mem) + self.remaining + (W * need if self.tiers else 0)
+                    > W * cap or (cv.every_mem and state.UM + cv.every_mem + self.least + need > cap))
+
+
 def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None = None,
            deadline: float = float("inf"), requester_floor_ms: tuple[float, ...] = ()) -> RankState:
     """Place units in the given order; raises Unplaceable with the first unit that fits nowhere.
@@ -225,28 +256,19 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     W = problem.topo.world_size
     min_work = [min(cv.work_ms + W * cv.every_ms for cv in problem.units[u].cands) for u in range(len(problem.units))]
     remaining = sum(min_work)
-    # HBM bytes the units still to place need at the least, in all: a replica (with tiers, any layout) must leave room for them
-    tiers = problem.host_cap_bytes > 0
-    min_mem = {u: min(sum(cv.shard_mem) + W * cv.every_mem for cv in problem.units[u].cands) for u in order}
-    remaining_mem = sum(min_mem.values())
-    needs = largest_shard_needs(problem)
-    later_need = [0] * (len(order) + 1)  # later_need[i]: the largest need of the units after order[i]
-    for i in range(len(order) - 1, -1, -1):
-        later_need[i] = max(later_need[i + 1], needs[order[i]])
-    later_need = later_need[1:]
+    ahead = MemoryAhead(problem, order)
     total = 0.0
     placed_u = state.U  # the requester side placed so far; state.U is what the pass prices (floored)
     state.U = _floored(placed_u, requester_floor_ms)
-    for ui, need in zip(order, later_need):
+    for ui in order:
         unit = problem.units[ui]
         remaining -= min_work[ui]
-        remaining_mem -= min_mem[ui]
+        ahead.next(ui, state)
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)
         rushed = time.perf_counter() > deadline
         best = None
-        used_mem, least_mem = sum(state.mem), min(state.mem)
         for no_host_bound in ((True, False) if rushed else (False,)):
             for ci, cv in enumerate(unit.cands):
                 if no_host_bound and cv.host_bound:
@@ -256,11 +278,7 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
                 floor = max(cur_max + shift, (total + work + remaining) / W)  # its score whatever ranks it takes
                 if best is not None and (floor, work) >= best[0]:  # its key is no lower: placing it cannot win
                     continue
-                # a replica (and, with host memory for tables, any layout) must leave HBM for the rest, with tiers also a
-                # largest later shard per rank (else HBM filled to the byte strands small tables that fit no rank)
-                if ((cv.every_mem or tiers) and W * (state.UM + cv.every_mem) + used_mem
-                        + sum(cv.shard_mem) + remaining_mem + (W * need if tiers else 0) > W * problem.cap_bytes) or (
-                        cv.every_mem and state.UM + cv.every_mem + least_mem + need > problem.cap_bytes):
+                if not ahead.leaves_room(state, cv):
                     continue
                 pick = place(state, unit, cv, by_cost, costs)
                 if pick is None:

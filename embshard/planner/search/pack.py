@@ -2,7 +2,8 @@
 
 For a target T, units go largest first; each takes its least-work candidate whose shards
 fit on the cheapest ranks without lifting any rank above T (the requester and every-rank
-parts lift all ranks). When none fits, the unit takes the candidate with the lowest
+parts lift all ranks), and that leaves HBM for the units after it as the greedy pass's do
+(`greedy.MemoryAhead`: else the least-work layouts, in HBM, fill it and strand small tables). When none fits, the unit takes the candidate with the lowest
 resulting maximum and the target is missed. The search keeps the best real maximum seen
 and narrows T between the lower bound and it.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 
-from embshard.planner.search.greedy import place
+from embshard.planner.search.greedy import RETRIES, MemoryAhead, Unplaceable, place
 from embshard.planner.search.problem import Problem
 from embshard.planner.search.state import RankState
 
@@ -25,8 +26,10 @@ def _least_work_first(problem: Problem) -> list[list[int]]:
 
 
 def _pack(problem: Problem, order: list[int], target: float, deadline: float, by_work: list[list[int]]) -> RankState | None:
-    """One packing under `target` (by_work: `_least_work_first`); None if a unit fits nowhere or the deadline passes first."""
+    """One packing under `target` (by_work: `_least_work_first`); None if the deadline passes first, Unplaceable if a
+    unit fits nowhere."""
     state = RankState(problem)
+    ahead = MemoryAhead(problem, order)
     for ui in order:
         if time.perf_counter() > deadline:
             return None
@@ -34,11 +37,12 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float, by
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)
+        ahead.next(ui, state)
         fallback = None
         chosen = None
         for ci in by_work[ui]:
             cv = unit.cands[ci]
-            pick = place(state, unit, cv, by_cost, costs)
+            pick = place(state, unit, cv, by_cost, costs) if ahead.leaves_room(state, cv) else None
             if pick is None:
                 continue
             shift = sum(cv.req_vec) + cv.every_ms
@@ -50,7 +54,7 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float, by
                 fallback = (top, ci, pick)
         if chosen is None:
             if fallback is None:
-                return None  # memory: nowhere to put this unit
+                raise Unplaceable(ui)  # memory: the units packed before it took the room it needs
             chosen = fallback[1:]
         state.add(ui, *chosen)
     return state
@@ -67,10 +71,24 @@ def rounds_needed(lower: float, upper: float) -> int:
     return min(ROUNDS, math.ceil(math.log2((upper - lower) / (TOLERANCE * upper))))
 
 
+def _pack_retrying(problem: Problem, order: list[int], target: float, deadline: float,
+                   by_work: list[list[int]]) -> tuple[RankState | None, list[int]]:
+    """`_pack`, and when a unit fits nowhere, again with that unit first (as `greedy.greedy_retrying`), up to RETRIES
+    packings in all: the packing (None: past the deadline, or no order of these fitted) and the order it took."""
+    for _ in range(RETRIES):
+        try:
+            return _pack(problem, order, target, deadline, by_work), order
+        except Unplaceable as e:
+            order = [e.unit_index] + [u for u in order if u != e.unit_index]
+    return None, order
+
+
 def target_pack(problem: Problem, order: list[int], lower: float, upper: float, deadline: float,
                 rounds: int = ROUNDS) -> tuple[RankState | None, int]:
     """Best packing found by bisecting the target between lower and upper, and the rounds
-    finished (a round the deadline cuts short counts as none)."""
+    finished (a round the deadline cuts short counts as none; one whose packings fit no order counts, missing
+    its target, and ends the search when it is the first). A round starts from the order that packed last
+    (`_pack_retrying`)."""
     best, best_obj, done = None, float("inf"), 0
     lo, hi = lower, upper
     by_work = _least_work_first(problem)
@@ -78,10 +96,12 @@ def target_pack(problem: Problem, order: list[int], lower: float, upper: float, 
         if time.perf_counter() > deadline or hi - lo <= TOLERANCE * hi:
             break
         mid = (lo + hi) / 2
-        state = _pack(problem, order, mid, deadline, by_work)
+        state, order = _pack_retrying(problem, order, mid, deadline, by_work)
         if state is None and time.perf_counter() > deadline:
             break
         done += 1
+        if state is None and best is None:  # no order fitted the first target: higher ones take more of the least-work
+            break  # (HBM) layouts, so later rounds would fail too (a generated 300-table set on 8 x 1.5 GiB: 7 x 4 packings)
         obj = max(state.costs()) if state is not None else float("inf")
         if obj < best_obj:
             best, best_obj = state, obj
