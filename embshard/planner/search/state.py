@@ -216,10 +216,7 @@ class RankState:
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
-        if ranks and sign > 0:
-            self.Hn[list(ranks)] += cv.shard_array
-        elif ranks:
-            self.Hn[list(ranks)] -= cv.shard_array
+        Hn = self.Hn
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
             if sign > 0:
@@ -234,13 +231,16 @@ class RankState:
                 h[2] -= v[2]
                 h[3] -= v[3]
                 del self.held[r][ui]
+            Hn[r] = h  # (the same float sums as an array's: one row assigned is cheaper than a fancy-indexed add)
             self.mem[r] += sign * cv.shard_mem[i]
             if cv.shard_host_mem:
                 self.host[r] += sign * cv.shard_host_mem[i]
             if cv.shard_kernels:
                 self.num_kernels[r] += _count(self.kernels[r], cv.shard_kernels[i], sign)
-        for p in range(3):
-            self.U[p] += sign * cv.req_vec[p]
+        u, rv = self.U, cv.req_vec
+        u[0] += sign * rv[0]
+        u[1] += sign * rv[1]
+        u[2] += sign * rv[2]
         self.E += sign * cv.every_ms
         if cv.every_kernels:
             _count(self.every_kernels, cv.every_kernels, sign)
@@ -267,8 +267,7 @@ class RankState:
         hs, hd = self.H[src], self.H[dst]
         hs[0], hs[1], hs[2], hs[3] = hs[0] - v[0], hs[1] - v[1], hs[2] - v[2], hs[3] - v[3]
         hd[0], hd[1], hd[2], hd[3] = hd[0] + v[0], hd[1] + v[1], hd[2] + v[2], hd[3] + v[3]
-        self.Hn[src] -= v
-        self.Hn[dst] += v
+        self.Hn[src], self.Hn[dst] = hs, hd
         self.mem[src] -= m
         self.mem[dst] += m
         if cv.shard_host_mem:
