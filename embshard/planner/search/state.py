@@ -15,7 +15,7 @@ import numpy as np
 from embshard.planner.search.problem import CandVec, Problem, Unit
 
 
-PYTHON_COSTS_RANKS = 32  # `RankState.costs` in Python up to this many ranks (numpy is faster from about 48)
+PYTHON_RANKS = 32  # `RankState.costs` and `cheapest_first` in Python up to this many ranks (numpy is faster from about 48)
 
 
 class RankState:
@@ -97,7 +97,7 @@ class RankState:
     def costs(self) -> list[float]:
         """Every rank's cost(r): `cost_array`'s float operations, on few ranks (and no kernel calls priced) in Python,
         which there takes a quarter of numpy's time (8 ranks: 1.4 against 5.5 us; a plan asks hundreds of times)."""
-        if self.call_ms or len(self.H) > PYTHON_COSTS_RANKS:
+        if self.call_ms or len(self.H) > PYTHON_RANKS:
             return self.cost_array().tolist()
         (u0, u1, u2), E = self.U, self.E  # max(x, u) written out: x if x >= u else u
         return [(h[0] if h[0] >= u0 else u0) + (h[1] if h[1] >= u1 else u1) + (h[2] if h[2] >= u2 else u2) + h[3] + E
@@ -194,7 +194,11 @@ class RankState:
 
     def cheapest_first(self, ranks: Sequence[int], costs: list[float]) -> list[int]:
         """Ranks by time, ties (ranks whose all-to-all is bound by the requester side) broken
-        by the work they hold, so hidden holder load stays balanced too (a stable sort)."""
+        by the work they hold, so hidden holder load stays balanced too (a stable sort; on few ranks in Python,
+        the same sums and order)."""
+        if len(self.H) <= PYTHON_RANKS:
+            H = self.H
+            return sorted(ranks, key=lambda r: (costs[r], H[r][0] + H[r][1] + H[r][2] + H[r][3]))
         h = self.Hn
         work = h[:, 0] + h[:, 1] + h[:, 2] + h[:, 3]
         c = np.asarray(costs)
