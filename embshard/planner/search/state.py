@@ -15,6 +15,7 @@ import numpy as np
 from embshard.planner.search.problem import CandVec, Problem, Unit
 
 
+ROW_WRITES = 16  # `RankState.add` writes Hn row by row for up to this many shards
 PYTHON_RANKS = 32  # `RankState.costs` and `cheapest_first` in Python up to this many ranks (numpy is faster from about 48)
 
 
@@ -228,6 +229,13 @@ class RankState:
 
     def add(self, ui: int, ci: int, ranks: tuple[int, ...], sign: int = 1) -> None:
         cv = self.problem.units[ui].cands[ci]
+        # Hn's rows of the ranks: written from their H lists (the same sums) for a few shards, else added at once
+        # (8 ranks, one shard: 0.4 against 4.6 us; 1,024 shards: 342 against 101 us)
+        rows = len(ranks) <= ROW_WRITES
+        if not rows and sign > 0:
+            self.Hn[list(ranks)] += cv.shard_array
+        elif not rows:
+            self.Hn[list(ranks)] -= cv.shard_array
         Hn = self.Hn
         for i, r in enumerate(ranks):
             h, v = self.H[r], cv.shard_vec[i]
@@ -243,7 +251,8 @@ class RankState:
                 h[2] -= v[2]
                 h[3] -= v[3]
                 del self.held[r][ui]
-            Hn[r] = h  # (the same float sums as an array's: one row assigned is cheaper than a fancy-indexed add)
+            if rows:
+                Hn[r] = h
             self.mem[r] += sign * cv.shard_mem[i]
             if cv.shard_host_mem:
                 self.host[r] += sign * cv.shard_host_mem[i]
