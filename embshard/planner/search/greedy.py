@@ -214,15 +214,18 @@ class MemoryAhead:
             later[i] = max(later[i + 1], needs[order[i]])
         self.later_need = dict(zip(order, later[1:]))
 
-    def next(self, ui: int, state: RankState) -> None:
-        """Unit ui is the next to place (its own bytes leave the remaining); `leaves_room` asks for it in `state`."""
+    def next(self, ui: int) -> None:
+        """Unit ui is the next to place (its own bytes leave the remaining); `leaves_room` asks for it."""
         self.remaining -= self.min_mem[ui]
-        self.need, self.used, self.least = self.later_need[ui], sum(state.mem), min(state.mem)
+        self.need, self.used = self.later_need[ui], None
 
     def leaves_room(self, state: RankState, cv: CandVec) -> bool:
-        """Whether candidate cv of the unit `next` named leaves room for the units after it."""
+        """Whether candidate cv of the unit `next` named leaves room for the units after it in `state` (as it was when
+        `next` named the unit: its bytes summed once per unit, where a candidate first asks)."""
         if not (cv.every_mem or self.tiers):
             return True
+        if self.used is None:
+            self.used, self.least = sum(state.mem), min(state.mem)
         W, cap, need = len(state.mem), self.problem.cap_bytes, self.need
         return not (W * (state.UM + cv.every_mem) + self.used + sum(cv.shard_mem) + self.remaining + (W * need if self.tiers else 0)
                     > W * cap or (cv.every_mem and state.UM + cv.every_mem + self.least + need > cap))
@@ -263,7 +266,7 @@ def greedy(problem: Problem, order: list[int], replicate: dict[int, int] | None 
     for ui in order:
         unit = problem.units[ui]
         remaining -= min_work[ui]
-        ahead.next(ui, state)
+        ahead.next(ui)
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)

@@ -37,7 +37,7 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float, by
         costs = state.costs()
         cur_max = max(costs)
         by_cost = state.cheapest_first(unit.ranks, costs)
-        ahead.next(ui, state)
+        ahead.next(ui)
         fallback = None
         chosen = None
         for ci in by_work[ui]:
