@@ -3,9 +3,10 @@
 For a target T, units go largest first; each takes its least-work candidate whose shards
 fit on the cheapest ranks without lifting any rank above T (the requester and every-rank
 parts lift all ranks), and that leaves HBM for the units after it as the greedy pass's do
-(`greedy.MemoryAhead`: else the least-work layouts, in HBM, fill it and strand small tables). When none fits, the unit takes the candidate with the lowest
-resulting maximum and the target is missed. The search keeps the best real maximum seen
-and narrows T between the lower bound and it.
+(`greedy.MemoryAhead`: else the least-work layouts, in HBM, fill it and strand small
+tables). When none fits, the unit takes the candidate with the lowest resulting maximum
+and the target is missed. The search keeps the best real maximum seen and narrows T
+between the lower bound and it.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def target_pack(problem: Problem, order: list[int], lower: float, upper: float, 
         if state is None and time.perf_counter() > deadline:
             break
         done += 1
-        if state is None and best is None:  # no order fitted the first target: higher ones take more of the least-work
-            break  # (HBM) layouts, so later rounds would fail too (a generated 300-table set on 8 x 1.5 GiB: 7 x 4 packings)
+        # no order fitted the first target: higher ones take more of the least-work (HBM) layouts, so later rounds would
+        # fail too (a generated tiered 300-table set on 8 x 7.13 GiB ran 7 rounds of 4 packings)
+        if state is None and best is None:
+            break
         obj = max(state.costs()) if state is not None else float("inf")
         if obj < best_obj:
             best, best_obj = state, obj
