@@ -321,8 +321,13 @@ def greedy_retrying(problem: Problem, order: list[int], replicate: dict[int, int
         except Unplaceable as e:
             if time.perf_counter() > deadline:
                 raise
-            order = [e.unit_index] + [u for u in order if u != e.unit_index]
+            order = unit_first(order, e)
     return greedy(problem, order, replicate, deadline, requester_floor_ms)
+
+
+def unit_first(order: list[int], failed: Unplaceable) -> list[int]:
+    """order with the unit that fit nowhere first (the units before it filled the room it needed)."""
+    return [failed.unit_index] + [u for u in order if u != failed.unit_index]
 
 
 def default_order(problem: Problem) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from embshard.planner.search.greedy import RETRIES, MemoryAhead, Unplaceable, place
+from embshard.planner.search.greedy import RETRIES, MemoryAhead, Unplaceable, place, unit_first
 from embshard.planner.search.problem import Problem
 from embshard.planner.search.state import RankState
 
@@ -80,7 +80,7 @@ def _pack_retrying(problem: Problem, order: list[int], target: float, deadline: 
         try:
             return _pack(problem, order, target, deadline, by_work), order
         except Unplaceable as e:
-            order = [e.unit_index] + [u for u in order if u != e.unit_index]
+            order = unit_first(order, e)
     return None, order
 
 
