@@ -26,6 +26,7 @@ from embshard.planner.search.state import RankState
 
 EPS = 1e-9
 NEAREST_RANKS = 24  # ranks (cheapest first) tried as destinations per shard
+PYTHON_MOVE_RANKS = 16  # `_try_move` in Python up to this many ranks (at most NEAREST_RANKS + 1: every destination tried)
 SWAP_SHARDS = 16  # largest shards of the slowest rank tried in swaps
 SWAP_RANKS = 8  # cheapest ranks tried as swap partners
 MAX_RISE = 0.02  # a re-shard may lift the maximum this much if the smooth maximum falls
@@ -90,6 +91,8 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
             host.append(hm)
     if not held:
         return False
+    if not call_ms and W <= PYTHON_MOVE_RANKS:
+        return _try_move_few(state, r, costs, held, cvs, rows, mem, host, by_cost)
     X = np.array(rows)  # (shards, 4 + r's time without it)
     V = X[:, :4]
     Hn = state.Hn
@@ -135,6 +138,44 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
             position[by_cost] = np.arange(W)
         q = min(tied, key=lambda q: (after[q], position[q]))
     state.move_shard(held[i][0], held[i][1], r, q)
+    return True
+
+
+def _try_move_few(state: RankState, r: int, costs: list[float], held: list[tuple[int, int]], cvs: list, rows: list[tuple],
+                  mem: list[int], host: list[int], by_cost: list[int] | None) -> bool:
+    """`_try_move` on few ranks (every destination is tried: at most NEAREST_RANKS others) without kernel calls priced,
+    in Python: the same float operations, checks and ties as its arrays (8 ranks: about half their time)."""
+    cmax, units, W = costs[r], state.problem.units, len(costs)
+    limit, (u0, u1, u2), E, H = cmax - EPS, state.U, state.E, state.H
+    cap, UM, host_cap, used, host_used = state.problem.cap_bytes, state.UM, state.problem.host_cap_bytes, state.mem, state.host
+    topo = state.problem.topo
+    below = [q for q in range(W) if costs[q] < limit]
+    low, best_i, tied = float("inf"), -1, []
+    for i, ((ui, _), cv, (v0, v1, v2, v3, c), m, hm) in enumerate(zip(held, cvs, rows, mem, host)):
+        taken, unit = state.choice[ui][1], units[ui]
+        restricted = len(unit.ranks) != W
+        for q in below:
+            h = H[q]
+            t0, t1, t2 = h[0] + v0, h[1] + v1, h[2] + v2  # (max(x, u) written out: x if x >= u else u)
+            to = (t0 if t0 >= u0 else u0) + (t1 if t1 >= u1 else u1) + (t2 if t2 >= u2 else u2) + h[3] + v3 + E
+            val = to if to > c else c
+            if val > low or val >= limit or q in taken or used[q] + m + UM > cap or (hm and host_used[q] + hm > host_cap):
+                continue
+            if (restricted and q not in unit.rank_set) or (cv.host_bound and topo.host_of(q) != topo.host_of(r)):
+                continue
+            if val < low:
+                low, best_i, tied = val, i, [q]
+            elif i == best_i:  # (a tie in a later shard: the first shard's move wins)
+                tied.append(q)
+    if best_i < 0:
+        return False
+    q = tied[0]
+    if len(tied) > 1:  # the first tried: by time with the shard, then in by_cost order
+        after = state.costs_after(rows[best_i][:4])
+        by_cost = state.cheapest_first(range(W), costs) if by_cost is None else by_cost
+        position = {rank: k for k, rank in enumerate(by_cost)}
+        q = min(tied, key=lambda q: (after[q], position[q]))
+    state.move_shard(held[best_i][0], held[best_i][1], r, q)
     return True
 
 
