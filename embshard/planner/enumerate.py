@@ -25,7 +25,7 @@ from dataclasses import replace
 from itertools import product
 
 from embshard.planner.cost.hot_rows import hot_row_counts, hot_split
-from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, relocated_perf, requester_perf
+from embshard.planner.cost.perf import cheaper_data_parallel_mode, data_parallel_perf, holder_perf, relocated_perfs, requester_perf
 from embshard.planner.cost.storage import data_parallel_storage, holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, cache_rows
 from embshard.planner.splits import col_splits, row_splits
@@ -83,33 +83,47 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
 
 
 def _shard_costs(spec: TableSpec, topo: Topology, stype: ShardingType, rows: tuple, cols: tuple, num_shards: int,
-                 inference: bool, location: Location, cache_fraction: float,
-                 elsewhere: tuple[ShardCost, ...] = ()) -> tuple[ShardCost, ...]:
-    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once);
-    elsewhere: the same blocks' costs at another location, whose perf only the lookup changes (`relocated_perf`)."""
+                 inference: bool, location: Location, cache_fraction: float) -> tuple[ShardCost, ...]:
+    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once)."""
     phases = forward_only if inference else (lambda p: p)
     heights, widths = [n for _, n in rows], [d for _, d in cols]
-    other = dict(zip(product(heights, widths), elsewhere))
     costed: dict[tuple[int, int], ShardCost] = {}
     for n in set(heights):  # a row split has at most two block heights: the per-shard work is in C (product, map)
         c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
         for d in set(widths):
-            perf = (relocated_perf(other[(n, d)].perf, spec, topo, n, d, location, c) if other
-                    else holder_perf(spec, topo, stype, n, d, num_shards, location, c))
+            perf = holder_perf(spec, topo, stype, n, d, num_shards, location, c)
             costed[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, stype, n, d, inference, location, c))
     return tuple(map(costed.__getitem__, product(heights, widths)))
 
 
+TIERS = [(Location.UVM_CACHE, f) for f in CACHE_FRACTIONS] + [(Location.HOST, 0.0)]  # (location, cache fraction) offered
+
+
+def _tier_shard_costs(spec: TableSpec, topo: Topology, c: Candidate, inference: bool) -> list[tuple[ShardCost, ...]]:
+    """Per tier of TIERS, the blocks of c (in HBM) there: whose perf only the lookup changes (`relocated_perfs`,
+    each block's once for all tiers), and their storage."""
+    phases = forward_only if inference else (lambda p: p)
+    heights, widths = [n for _, n in c.row_spans], [d for _, d in c.col_spans]
+    in_hbm = dict(zip(product(heights, widths), c.shards))
+    costed: list[dict[tuple[int, int], ShardCost]] = [{} for _ in TIERS]
+    for n in set(heights):
+        located = [(location, cache_rows(n, fraction) if location is Location.UVM_CACHE else 0) for location, fraction in TIERS]
+        for d in set(widths):
+            perfs = relocated_perfs(in_hbm[(n, d)].perf, spec, topo, n, d, located)
+            for tier, perf, (location, cached) in zip(costed, perfs, located):
+                tier[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, c.sharding_type, n, d, inference, location, cached))
+    blocks = list(product(heights, widths))
+    return [tuple(map(tier.__getitem__, blocks)) for tier in costed]
+
+
 def tiered(cands: list[Candidate], spec: TableSpec, topo: Topology, inference: bool = False) -> list[Candidate]:
-    """cands, then each sharded one again in host memory and with each cache size of CACHE_FRACTIONS
-    (the same blocks and requester side: only the shards' costs and storage depend on the location)."""
+    """cands, then each sharded one again with each cache size of CACHE_FRACTIONS and in host memory (TIERS; the
+    same blocks and requester side: only the shards' costs and storage depend on the location)."""
     out = list(cands)
     for c in cands:
         if c.sharding_type is ShardingType.DATA_PARALLEL or c.hot_rows:  # hot replicas are offered in HBM only
             continue
-        k = len(c.col_spans) if c.sharding_type.splits_cols else len(c.row_spans)
-        for location, fraction in [(Location.UVM_CACHE, f) for f in CACHE_FRACTIONS] + [(Location.HOST, 0.0)]:
-            shards = _shard_costs(spec, topo, c.sharding_type, c.row_spans, c.col_spans, k, inference, location, fraction, c.shards)
+        for (location, fraction), shards in zip(TIERS, _tier_shard_costs(spec, topo, c, inference)):
             out.append(replace(c, shards=shards, location=location, cache_fraction=fraction))
     return out
 

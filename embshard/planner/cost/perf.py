@@ -143,13 +143,24 @@ def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, n
                location: Location = Location.HBM, num_cache_rows: int = 0) -> tuple[float, float]:
     """(forward, backward) ms of a fused TBE lookup of num_ids ids into an n x d shard at `location`
     (embshard.planner.cost.tiers: rows in host memory move at ddr_gb_per_s)."""
+    return _located_lookup_ms(_lookup_terms(spec, topo, num_ids, num_rows, num_cols, out_rows), spec, topo, location, num_cache_rows)
+
+
+def _lookup_terms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float) -> tuple:
+    """What `_lookup_ms` weighs wherever the shard's rows live: (ids, rows, row bytes, output bytes, rows touched at
+    most, optimizer bytes per row, distinct rows touched, calibrated forward and backward work, output ms)."""
     rb = row_bytes(spec, num_cols)
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
-    unique_rows = min(num_ids, num_rows)
     opt = spec.optimizer_state_bytes_per_row(num_cols)
     distinct = expected_distinct_rows(num_ids, num_rows)
     fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, distinct, rb, opt)
-    out_ms = _ns(out_bytes, topo.lookup_ns_per_out_byte)
+    return (num_ids, num_rows, rb, out_bytes, min(num_ids, num_rows), opt, distinct, fwd_extra, bwd_extra,
+            _ns(out_bytes, topo.lookup_ns_per_out_byte))
+
+
+def _located_lookup_ms(terms: tuple, spec: TableSpec, topo: Topology, location: Location, num_cache_rows: int) -> tuple[float, float]:
+    """`_lookup_ms` from its `_lookup_terms`, at `location`."""
+    num_ids, num_rows, rb, out_bytes, unique_rows, opt, distinct, fwd_extra, bwd_extra, out_ms = terms
     if location is Location.HBM:
         fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
         # backward: read output grads, sort ids, accumulate per-id grads, then read+write each
@@ -250,14 +261,19 @@ def _shard_ids(spec: TableSpec, topo: Topology, num_rows: int) -> tuple[float, f
     return ids, (G * F if spec.pooled else ids)  # pooled row shards emit a partial sum for every bag
 
 
-def relocated_perf(perf: Perf, spec: TableSpec, topo: Topology, num_rows: int, num_cols: int, location: Location,
-                   num_cache_rows: int = 0) -> Perf:
-    """`holder_perf` of the same shard at `location` (with a cache of num_cache_rows rows) from its holder_perf
-    anywhere else: only the lookup depends on where the rows live (the same float operations)."""
+def relocated_perfs(perf: Perf, spec: TableSpec, topo: Topology, num_rows: int, num_cols: int,
+                    locations: Sequence[tuple[Location, int]]) -> list[Perf]:
+    """`holder_perf` of the same shard at each (location, cache rows) of `locations` from its holder_perf anywhere
+    else: only the lookup depends on where the rows live (the same float operations; what the lookup weighs
+    wherever they live is computed once)."""
     ids, out_rows = _shard_ids(spec, topo, num_rows)
-    fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
-    return Perf(perf.input_dist_ms, fwd * topo.lookup_fwd_factor, perf.output_dist_fwd_ms, perf.output_dist_bwd_ms,
-                bwd * topo.lookup_bwd_factor, perf.dp_allreduce_ms)
+    terms = _lookup_terms(spec, topo, ids, num_rows, num_cols, out_rows)
+    out = []
+    for location, num_cache_rows in locations:
+        fwd, bwd = _located_lookup_ms(terms, spec, topo, location, num_cache_rows)
+        out.append(Perf(perf.input_dist_ms, fwd * topo.lookup_fwd_factor, perf.output_dist_fwd_ms, perf.output_dist_bwd_ms,
+                        bwd * topo.lookup_bwd_factor, perf.dp_allreduce_ms))
+    return out
 
 
 def requester_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int) -> Perf:
