@@ -55,3 +55,52 @@ def test_a_plan_says_when_no_order_packed(monkeypatch):
     assert pack.target_pack(problem, default_order(problem), 0.0, 1e9, float("inf")) == (None, 1)
     p = plan(specs, topo, time_budget_s=10.0)
     assert "target packing (no order of the tables packed into memory)" in p.search["skipped"], p.search
+
+
+
+def _pack_weighing_all(problem, order, target, by_work):
+    """`pack._pack` as it was before it skipped candidates (no deadline): every candidate that leaves room placed.
+    Returns the packing and how many candidates it placed."""
+    from embshard.planner.search.greedy import MemoryAhead, place
+    from embshard.planner.search.state import RankState
+    state, ahead, placed = RankState(problem), MemoryAhead(problem, order), 0
+    for ui in order:
+        unit, costs = problem.units[ui], state.costs()
+        cur_max, by_cost = max(costs), state.cheapest_first(problem.units[ui].ranks, costs)
+        ahead.next(ui)
+        chosen = fallback = None
+        for ci in by_work[ui]:
+            cv = unit.cands[ci]
+            pick = place(state, unit, cv, by_cost, costs) if ahead.leaves_room(state, cv) else None
+            placed += ahead.leaves_room(state, cv)
+            if pick is None:
+                continue
+            top = max(max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0), cur_max) + (sum(cv.req_vec) + cv.every_ms)
+            if top <= target:
+                chosen = (ci, pick)
+                break
+            if fallback is None or top < fallback[0]:
+                fallback = (top, ci, pick)
+        state.add(ui, *(chosen or fallback[1:]))
+    return state, placed
+
+
+@pytest.mark.parametrize("n,seed,world,hbm_gib", [(60, 1, 8, 4.0), (120, 3, 16, 2.0)])
+def test_packing_skips_only_candidates_no_lower_than_the_fallback(n, seed, world, hbm_gib, monkeypatch):
+    """A candidate whose cheapest placement (its largest shard on the cheapest rank) is no lower than the unit's fallback
+    so far (above the target) is not placed: the packings are those of weighing every candidate, with fewer placed."""
+    _, _, problem = _problem(n, seed, world, hbm_gib)
+    order, by_work = default_order(problem), pack._least_work_first(problem)
+    placed = []
+    place = pack.place
+    monkeypatch.setattr(pack, "place", lambda *a, **k: placed.append(1) or place(*a, **k))
+    ceiling = max(_pack_weighing_all(problem, order, 1e9, by_work)[0].costs())
+    fewer = 0
+    for share in (0.0, 0.5, 0.8, 0.9, 1.0, 1e9):
+        reference, weighed = _pack_weighing_all(problem, order, share * ceiling, by_work)
+        placed.clear()
+        state = pack._pack(problem, order, share * ceiling, float("inf"), by_work)
+        assert state.choice == reference.choice
+        assert len(placed) <= weighed
+        fewer += weighed - len(placed)
+    assert fewer > 0

@@ -41,12 +41,19 @@ def _pack(problem: Problem, order: list[int], target: float, deadline: float, by
         ahead.next(ui)
         fallback = None
         chosen = None
+        least = costs[by_cost[0]] if by_cost else 0.0
         for ci in by_work[ui]:
             cv = unit.cands[ci]
+            shift = sum(cv.req_vec) + cv.every_ms
+            if fallback is not None:
+                # no ranks take it lower than this (its largest shard on the cheapest rank allowed: `top`'s float operations
+                # on terms no larger); no lower than the fallback (above the target), it can be neither chosen nor that
+                floor = max(least + cv.shard_cost[cv.largest_first[0]] if cv.shard_cost else 0.0, cur_max) + shift
+                if floor >= fallback[0]:
+                    continue
             pick = place(state, unit, cv, by_cost, costs) if ahead.leaves_room(state, cv) else None
             if pick is None:
                 continue
-            shift = sum(cv.req_vec) + cv.every_ms
             top = max(max((costs[r] + cv.shard_cost[i] for i, r in enumerate(pick)), default=0.0), cur_max) + shift
             if top <= target:
                 chosen = (ci, pick)
