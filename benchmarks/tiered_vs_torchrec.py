@@ -238,15 +238,15 @@ ratios), its 100 generated tables 0.615 / 1.584: where HBM is short the models p
 Where HBM is short (the 2,000-table set) the models part ways most. embshard's memory model leaves
 64 x 6.59 GiB = 422 GiB of HBM for shards (HBM less the reserve and 0.61 GiB of output buffers a rank) for 594 GiB
 of weights and optimizer state, so at least 172 GiB stay in host memory; TorchRec counts fewer buffer bytes, keeps
-about 13 tables out of HBM and is over embshard's caps on about 53 ranks. embshard's torchrec_compatible plan (the
-one TorchRec's model scores) hits its 10 s budget at this size, so how far its search gets decides how many tables
-leave HBM with 1% caches, which embshard's model prices cheaply (misses are a few percent of lookups) and TorchRec's
+11 to 15 tables out of HBM and is over embshard's caps on 41 to 59 ranks. embshard's search runs out of its time at
+this size (its first start's local search is cut at its share of the budget, still improving, and the plan names the
+start that did not run), so how far its search gets decides how many tables leave HBM with 1% caches, which embshard's model prices cheaply (misses are a few percent of lookups) and TorchRec's
 dearly (every cached lookup at a blend of HBM and host bandwidth, a tenth of it). Planned at h14 (Intel Xeon, two
 runs) it kept 120 to 121 tables out of HBM, 31 to 39 of them with 1% caches: 27.6 to 27.9 ms under its model, 175 to
 199 ms under TorchRec's, above TorchRec's own plan (62 to 83 ms); at c9ed743 on the same machine 159 ms (1.92x). On
 the AMD EPYC machine, at 67bb210 as at h14e, 0c4b01f and 437037d (whose searches are cheaper for the same plans), it
-scores 24.08 ms under its model and 49.10 ms under TorchRec's, 0.79x and 0.69x TorchRec's own plan (59.1 and 70.8 ms
-in two runs): the target is met there, by a plan whose TorchRec-model cost moved 3x with the machine it was planned on, so not robustly. Which model is right about
+scores 24.08 ms under its model and 49.10 ms under TorchRec's, 0.83x to 0.59x TorchRec's own plan (59.1 to 83.0 ms
+in the runs of 2026-12-06: TorchRec's search, cut at its wall-clock limit, ends at another plan from run to run): the target is met there, by a plan whose TorchRec-model cost moved 3x with the machine it was planned on, so not robustly. Which model is right about
 cached lookups needs the kernels on a GPU.
 
 I/O buffers: what the runtime allocates (h14e, `benchmarks/io_buffers.py`). Is embshard's memory model over-counting
