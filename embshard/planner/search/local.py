@@ -68,7 +68,8 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
     """Move the shard of r that gives the lowest max(r's time, its destination's time), if below r's time: of
     each shard, the first NEAREST_RANKS allowed destinations below it by their time with the shard (ties in
     `by_cost` order) are tried; ties between moves go to the first shard held, then the first destination tried.
-    The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`).
+    The destinations of every shard are costed at once (the same float operations as `RankState.cost_with`; on up to
+    PYTHON_MOVE_RANKS ranks without kernel calls priced, in Python: `_try_move_few`).
     by_cost: `RankState.cheapest_first` of every rank (None: ranked here where needed)."""
     cmax, units, W = costs[r], state.problem.units, len(costs)
     call_ms, (u0, u1, u2), E, h = state.call_ms, state.U, state.E, state.H[r]
