@@ -51,14 +51,14 @@ def test_moves_on_few_ranks_are_the_array_paths_moves(name, specs, topo, constra
         calls["moves" if moved else "none"] += 1
         return moved
 
-    def few(state, r, costs, held, cvs, rows, mem, host, by_cost):  # counts the calls that weigh tied destinations
+    def few(state, r, costs, held, rows, mem, host, by_cost):  # counts the calls that weigh tied destinations
         costs_after = state.costs_after
         def counted(vec):
             calls["ties"] += 1
             return costs_after(vec)
         state.costs_after = counted
         try:
-            return few_path(state, r, costs, held, cvs, rows, mem, host, by_cost)
+            return few_path(state, r, costs, held, rows, mem, host, by_cost)
         finally:
             del state.costs_after
 

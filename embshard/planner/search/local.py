@@ -93,7 +93,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
     if not held:
         return False
     if not call_ms and W <= PYTHON_MOVE_RANKS:
-        return _try_move_few(state, r, costs, held, cvs, rows, mem, host, by_cost)
+        return _try_move_few(state, r, costs, held, rows, mem, host, by_cost)
     X = np.array(rows)  # (shards, 4 + r's time without it)
     V = X[:, :4]
     Hn = state.Hn
@@ -142,27 +142,24 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
     return True
 
 
-def _try_move_few(state: RankState, r: int, costs: list[float], held: list[tuple[int, int]], cvs: list, rows: list[tuple],
+def _try_move_few(state: RankState, r: int, costs: list[float], held: list[tuple[int, int]], rows: list[tuple],
                   mem: list[int], host: list[int], by_cost: list[int] | None) -> bool:
     """`_try_move` on few ranks (every destination is tried: at most NEAREST_RANKS others) without kernel calls priced,
     in Python: the same float operations, checks and ties as its arrays (8 ranks: about half their time)."""
-    cmax, units, W = costs[r], state.problem.units, len(costs)
+    cmax, W = costs[r], len(costs)
     limit, (u0, u1, u2), E, H = cmax - EPS, state.U, state.E, state.H
     cap, UM, host_cap, used, host_used = state.problem.cap_bytes, state.UM, state.problem.host_cap_bytes, state.mem, state.host
-    topo = state.problem.topo
     below = [q for q in range(W) if costs[q] < limit]
     low, best_i, tied = float("inf"), -1, []
-    for i, ((ui, _), cv, (v0, v1, v2, v3, c), m, hm) in enumerate(zip(held, cvs, rows, mem, host)):
-        taken, unit = state.choice[ui][1], units[ui]
-        restricted = len(unit.ranks) != W
+    for i, ((ui, si), (v0, v1, v2, v3, c), m, hm) in enumerate(zip(held, rows, mem, host)):
         for q in below:
             h = H[q]
             t0, t1, t2 = h[0] + v0, h[1] + v1, h[2] + v2  # (max(x, u) written out: x if x >= u else u)
             to = (t0 if t0 >= u0 else u0) + (t1 if t1 >= u1 else u1) + (t2 if t2 >= u2 else u2) + h[3] + v3 + E
             val = to if to > c else c
-            if val > low or val >= limit or q in taken or used[q] + m + UM > cap or (hm and host_used[q] + hm > host_cap):
+            if val > low or val >= limit or used[q] + m + UM > cap or (hm and host_used[q] + hm > host_cap):
                 continue
-            if (restricted and q not in unit.rank_set) or (cv.host_bound and topo.host_of(q) != topo.host_of(r)):
+            if not _allowed(state, ui, si, r, q):  # (`RankState.move_destinations`' tests, asked only here)
                 continue
             if val < low:
                 low, best_i, tied = val, i, [q]
