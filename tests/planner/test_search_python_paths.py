@@ -1,4 +1,4 @@
-"""The search's Python paths on few ranks make the same steps as its array paths: `local._try_move` on up to
+"""The search's Python paths on few ranks make the same steps as its array paths: `moves._try_move` on up to
 PYTHON_MOVE_RANKS ranks (`_try_move_few`) picks the move the arrays pick, on every call local search makes, with
 tiers (host-memory caps), host-bound layouts on two hosts and tables pinned to some ranks."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import embshard.planner.search.local as local
+import embshard.planner.search.moves as moves
 from embshard.cli import CONFIG_DIR
 from embshard.planner.search.greedy import default_order, greedy_retrying
 from embshard.planner.search.problem import build_problem
@@ -35,14 +36,14 @@ def _problems():
 def test_moves_on_few_ranks_are_the_array_paths_moves(name, specs, topo, constraints, min_ties, monkeypatch) -> None:
     """min_ties: moves among tied destinations at least (all three cases move; the tight one, where HBM and host memory
     rule out destinations, moves twice, without ties)."""
-    assert topo.world_size <= local.PYTHON_MOVE_RANKS
-    array_path = local._try_move
+    assert topo.world_size <= moves.PYTHON_MOVE_RANKS
+    array_path = moves._try_move
     calls = {"moves": 0, "ties": 0, "none": 0}
 
     def both(state, r, costs, by_cost=None):
         twin = state.copy()
         with monkeypatch.context() as m:
-            m.setattr(local, "PYTHON_MOVE_RANKS", 0)
+            m.setattr(moves, "PYTHON_MOVE_RANKS", 0)
             expected = array_path(twin, r, list(costs), by_cost)
         moved = array_path(state, r, costs, by_cost)  # (PYTHON_MOVE_RANKS as shipped: `_try_move_few`)
         assert moved == expected
@@ -62,9 +63,9 @@ def test_moves_on_few_ranks_are_the_array_paths_moves(name, specs, topo, constra
         finally:
             del state.costs_after
 
-    few_path = local._try_move_few
-    monkeypatch.setattr(local, "_try_move", both)
-    monkeypatch.setattr(local, "_try_move_few", few)
+    few_path = moves._try_move_few
+    monkeypatch.setattr(moves, "_try_move", both)
+    monkeypatch.setattr(moves, "_try_move_few", few)
     problem = build_problem(tuple(specs), topo, constraints)
     state = greedy_retrying(problem, default_order(problem), None, float("inf"))
     local.local_search(state, float("inf"))

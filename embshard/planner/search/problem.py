@@ -93,7 +93,7 @@ class CandVec:
 
     @cached_property
     def shard_rows(self) -> tuple[tuple, ...]:
-        """Per shard, what a swap weighs (search/local.py): its cost, vector parts, bytes, host bytes, vector and kernels."""
+        """Per shard, what a swap weighs (search/moves.py): its cost, vector parts, bytes, host bytes, vector and kernels."""
         return tuple((self.shard_cost[i], *v, self.shard_mem[i], self.host_mem(i), v, self.shard_kernels[i] if self.shard_kernels else ())
                      for i, v in enumerate(self.shard_vec))
 

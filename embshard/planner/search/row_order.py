@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from embshard.planner.search.local import EPS
+from embshard.planner.search.moves import EPS
 from embshard.planner.search.state import RankState
 
 
