@@ -50,10 +50,9 @@ def forward_only(p: Perf) -> Perf:
 
 
 def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: int,
-              inference: bool = False, location: Location = Location.HBM, cache_fraction: float = 0.0,
-              hot_rows: int = 0) -> Candidate | None:
-    """The candidate for one type, shard count and location (with ``hot_rows`` replicated), or None if
-    the table cannot be cut so."""
+              inference: bool = False, hot_rows: int = 0) -> Candidate | None:
+    """The candidate for one type and shard count, in HBM (with ``hot_rows`` replicated), or None if the table cannot
+    be cut so; `tiered` gives its shards other locations."""
     phases = forward_only if inference else (lambda p: p)
     if hot_rows:
         cold, hot = hot_split(spec, hot_rows)
@@ -77,22 +76,21 @@ def candidate(spec: TableSpec, topo: Topology, stype: ShardingType, num_shards: 
         rows, cols = full_rows, full_cols
     if rows is None or cols is None:
         return None
-    shards = _shard_costs(spec, topo, stype, tuple(rows), tuple(cols), num_shards, inference, location, cache_fraction)
+    shards = _shard_costs(spec, topo, stype, tuple(rows), tuple(cols), num_shards, inference)
     return Candidate(spec.name, stype, tuple(rows), tuple(cols), shards, phases(requester_perf(spec, topo, stype, num_shards)),
-                     Perf(), requester_storage(spec, topo, inference), location, cache_fraction)
+                     Perf(), requester_storage(spec, topo, inference))
 
 
 def _shard_costs(spec: TableSpec, topo: Topology, stype: ShardingType, rows: tuple, cols: tuple, num_shards: int,
-                 inference: bool, location: Location, cache_fraction: float) -> tuple[ShardCost, ...]:
-    """Each block's cost and storage at `location` (equal-sized blocks cost the same: computed once)."""
+                 inference: bool) -> tuple[ShardCost, ...]:
+    """Each block's cost and storage in HBM (equal-sized blocks cost the same: computed once)."""
     phases = forward_only if inference else (lambda p: p)
     heights, widths = [n for _, n in rows], [d for _, d in cols]
     costed: dict[tuple[int, int], ShardCost] = {}
     for n in set(heights):  # a row split has at most two block heights: the per-shard work is in C (product, map)
-        c = cache_rows(n, cache_fraction) if location is Location.UVM_CACHE else 0
         for d in set(widths):
-            perf = holder_perf(spec, topo, stype, n, d, num_shards, location, c)
-            costed[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, stype, n, d, inference, location, c))
+            perf = holder_perf(spec, topo, stype, n, d, num_shards)
+            costed[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, stype, n, d, inference))
     return tuple(map(costed.__getitem__, product(heights, widths)))
 
 
