@@ -16,7 +16,8 @@ from embshard.planner import evaluate, plan
 from embshard.planner.api import placements_of
 from embshard.planner.cost.perf import kernel_call_ms, kernel_calls_per_rank, mode_group_perf
 from embshard.planner.search.greedy import default_order, greedy, replication_prepass
-from embshard.planner.search.local import _cost_delta, local_search
+from embshard.planner.search.local import local_search
+from embshard.planner.search.moves import _cost_delta
 from embshard.planner.search.problem import build_problem
 from embshard.planner.types import Constraints
 from embshard.topology import Topology
