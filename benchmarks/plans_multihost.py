@@ -51,7 +51,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from paired import paired_rounds
+from sections import commit_label
 
 HERE = Path(__file__).resolve().parent
 QUICK = {"steps": 2, "warmup": 1, "rounds": 1, "embshard_budget_s": 1.0, "torchrec_search_s": 3, "scale": 0.02}
@@ -186,12 +186,6 @@ def rank_job(job_path: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return (done.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty.stdout.strip() else "")
-
-
 def run_multihost(args) -> dict:
     from cost_model_accuracy import today
     from local_ranks import run_ranks
@@ -248,7 +242,7 @@ def run_multihost(args) -> dict:
     result = {"hosts": H, "ranks_per_host": L, "link": shaping, "link_gbit": args.link_gbit, "inter_host_gb_per_s": inter,
               "cores_per_rank": cores, "cpu_capped": args.cpu_cap, "profile": args.profile, "steps": args.steps, "rounds": args.rounds, "quick": bool(args.quick),
               "load_start": load_start, "load_end": os.getloadavg(), "seconds": time.time() - t0, "date": today(),
-              "cpu": cpu_model(), "cores": os.cpu_count(), "commit": _commit(), "torchrec_errors": torchrec_errors,
+              "cpu": cpu_model(), "cores": os.cpu_count(), "commit": commit_label(), "torchrec_errors": torchrec_errors,
               **{sec: {n: {} for n in cases} for sec, cases in sections.items()}}
     errors = sorted({d for rd in dmp_rounds for d in rd if isinstance(d, str)})
     result["dmp"] = {"error": "; ".join(errors)} if errors else {

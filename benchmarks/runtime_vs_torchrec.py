@@ -62,7 +62,7 @@ from embshard.topology import DATA_PARALLEL_MODES
 from embshard.emulated_hosts import EmulationUnavailable
 from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
 from profiles import profile_sentence, profile_topology
-from sections import write_results
+from sections import commit_label, load_average, write_results
 
 ST = ShardingType
 RANKS_PER_HOST, BATCH_SIZE, LR = 2, 2048, 0.01
@@ -337,7 +337,9 @@ def markdown(results: list[dict], meta: dict) -> str:
         title,
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {where} "
-        f"(1 thread each), batch {batch:,} per rank. Command: `{meta['command']}`.",
+        f"(1 thread each), batch {batch:,} per rank. Command: `{meta['command']}`. Commit: {meta['commit']}. "
+        f"Load average (1, 5, 15 min) before / after: {meta['load'][0]} / {meta['load'][1]} (its own {world} ranks count up "
+        f"to {world}).",
         "",
         f"Tables: {len(POOLED)} pooled ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in POOLED)}), "
         f"{len(SEQUENCE)} sequence ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in SEQUENCE)}); "
@@ -433,6 +435,7 @@ def main() -> None:
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     json_path = Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "runtime.json"
+    commit, load_before = commit_label(), load_average()
     try:
         shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", run["only"], "--steps", str(run["steps"]),
                                        "--warmup", str(run["warmup"]), "--batch", str(run["batch"]), "--profile", args.profile,
@@ -441,7 +444,7 @@ def main() -> None:
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
     meta = {"hosts": hosts, "shaping": shaping, "steps": run["steps"], "batch": run["batch"], "profile": args.profile,
-            "quick": args.quick, "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
+            "quick": args.quick, "commit": commit, "load": (load_before, load_average()), "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)
     write_results(args.out, text, Path("benchmarks/results/runtime.md"), hosts, args.quick, TITLE)
     print(text)

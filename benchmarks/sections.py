@@ -3,7 +3,11 @@ its own section and leaves the others' as they are."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 
 def _marks(name: str) -> tuple[str, str]:
@@ -30,6 +34,19 @@ def write_keeping_section(path: Path, text: str, name: str) -> None:
     kept = old[old.index(start):old.index(end) + len(end)] if start in old and end in old else ""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.rstrip() + "\n\n" + kept + "\n" if kept else text)
+
+
+def commit_label() -> str:
+    """The checkout's short commit, with "(uncommitted changes)" where tracked files differ from it: what a results
+    file names as the code it measured."""
+    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return (done.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, for a results file's header."""
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 HOSTS_SECTION = "hosts"  # the multi-host run's section of a one-host benchmark's results file

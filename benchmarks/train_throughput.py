@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
 from profiles import profile_sentence, profile_topology
-from sections import write_results
+from sections import commit_label, load_average, write_results
 
 from embshard.emulated_hosts import EmulationUnavailable
 from embshard.machine import cpu_model
@@ -282,7 +282,8 @@ def markdown(results: list[dict], meta: dict) -> str:
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, {where}, "
         f"torch {torch.__version__}, TorchRec 1.8.0, FBGEMM CPU 1.8.0.",
-        f"Command: `{meta['command']}`",
+        f"Command: `{meta['command']}`. Commit: {meta['commit']}. Load average (1, 5, 15 min) before / after the run: "
+        f"{meta['load'][0]} / {meta['load'][1]}.",
         "",
         "Same tables (criteo_small: 26 tables, dim 16, up to 100,000 rows), batches, plan (embshard's planner, "
         f"torchrec_compatible, on {profile_sentence(meta['profile'])}) and optimizers (fused rowwise_adagrad for tables, torch's fused Adagrad for MLPs on both sides). "
@@ -367,6 +368,7 @@ def main() -> None:
     json_path = (Path(tempfile.mkdtemp(prefix="embshard-bench-")) / "train.json" if args.quick and args.out is None
                  else out.with_name(f"{out.stem}_hosts.json") if hosts.emulated else out.with_suffix(".json")).absolute()
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    commit, load_before = commit_label(), load_average()
     try:
         shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), *(f"--{k}={v}" for k, v in run.items())],
                             hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit,
@@ -374,7 +376,7 @@ def main() -> None:
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
     meta = {"hosts": hosts, "shaping": shaping, "warmup": run["warmup"], "iters": run["iters"], "rounds": run["rounds"],
-            "profile": args.profile, "quick": args.quick,
+            "profile": args.profile, "quick": args.quick, "commit": commit, "load": (load_before, load_average()),
             "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)
     write_results(args.out, text, out, hosts, args.quick, TITLE)

@@ -115,9 +115,11 @@ def runtime_result(case: str, embshard_s: float, torchrec_s: float, torchrec_pip
 def test_runtime_report_on_emulated_hosts_names_the_cluster_and_links_and_compares_with_the_faster_torchrec(runtime, local_ranks):
     results = [runtime_result("pooled table_wise", 0.1, 0.2, 0.4), runtime_result("sequence mixed", 0.2, 0.3, 0.1)]
     meta = {"hosts": local_ranks.Hosts(2, 2, 2.0, 0.1), "shaping": SHAPING, "steps": 3, "batch": 512,
-            "profile": "none", "quick": False, "command": "sudo cmd --hosts 2"}
+            "profile": "none", "quick": False, "command": "sudo cmd --hosts 2", "commit": "abc1234",
+            "load": ("0.50 0.40 0.30", "3.90 2.10 1.00")}
     text = runtime.markdown(results, meta)
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 2 Gbit/s inter-host links\n")
+    assert "Commit: abc1234. Load average (1, 5, 15 min) before / after: 0.50 0.40 0.30 / 3.90 2.10 1.00 (its own 4 ranks" in text
     assert f"2 emulated hosts x 2 ranks on CPU, all 4 sharing this machine's cores (inter-host links: {SHAPING};" in text
     assert "batch 512 per rank" in text and "medians of 3 steps" in text
     rows = [line for line in text.splitlines() if line.startswith("| pooled") or line.startswith("| sequence")]
@@ -137,8 +139,9 @@ def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(trai
               **{f"{c}_samples_per_s": max(x) for c, x in rates.items()}, **{f"{c}_samples_per_cpu_s": max(x) for c, x in rates.items()},
               **{f"{c}_rounds_samples_per_s": x for c, x in rates.items()}}
     meta = {"hosts": train.Hosts(2, 2, 1.0, 0.1), "shaping": SHAPING, "warmup": 2, "iters": 6, "rounds": 3, "profile": "none",
-            "quick": True, "command": "sudo cmd"}
+            "quick": True, "command": "sudo cmd", "commit": "abc1234 (uncommitted changes)", "load": ("0.50 0.40 0.30", "2.00 1.00 0.50")}
     text = train.markdown([result], meta)
+    assert "Commit: abc1234 (uncommitted changes). Load average (1, 5, 15 min) before / after the run: 0.50 0.40 0.30 / 2.00 1.00 0.50." in text
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 1 Gbit/s inter-host links (QUICK")
     assert f"inter-host links: {SHAPING})" in text and "the median of 3 rounds of 6 steps (after 2 warmup steps each)" in text
     row = next(line for line in text.splitlines() if line.startswith("| DLRM"))
