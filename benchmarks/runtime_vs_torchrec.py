@@ -444,7 +444,8 @@ def main() -> None:
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
     meta = {"hosts": hosts, "shaping": shaping, "steps": run["steps"], "batch": run["batch"], "profile": args.profile,
-            "quick": args.quick, "commit": commit, "load": (load_before, load_average()), "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
+            "quick": args.quick, "commit": commit, "load": (load_before, load_average()),
+            "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)
     write_results(args.out, text, Path("benchmarks/results/runtime.md"), hosts, args.quick, TITLE)
     print(text)
