@@ -112,15 +112,7 @@ def _try_move(state: RankState, r: int, costs: list[float], by_cost: list[int] |
     low = val.min()
     i = int(np.flatnonzero((val == low).any(axis=1))[0])
     tied = np.flatnonzero(val[i] == low).tolist()
-    q = tied[0]
-    if len(tied) > 1:  # the first tried: by time with the shard, then in by_cost order
-        after = state.costs_after(V[i])
-        if position is None:
-            by_cost = state.cheapest_first(range(W), costs) if by_cost is None else by_cost
-            position = np.empty(W, dtype=np.int64)
-            position[by_cost] = np.arange(W)
-        q = min(tied, key=lambda q: (after[q], position[q]))
-    state.move_shard(held[i][0], held[i][1], r, q)
+    state.move_shard(held[i][0], held[i][1], r, _first_tried(state, costs, by_cost, V[i], tied, position))
     return True
 
 
@@ -149,14 +141,20 @@ def _try_move_few(state: RankState, r: int, costs: list[float], held: list[tuple
                 tied.append(q)
     if best_i < 0:
         return False
-    q = tied[0]
-    if len(tied) > 1:  # the first tried: by time with the shard, then in by_cost order
-        after = state.costs_after(rows[best_i][:4])
-        by_cost = state.cheapest_first(range(W), costs) if by_cost is None else by_cost
-        position = {rank: k for k, rank in enumerate(by_cost)}
-        q = min(tied, key=lambda q: (after[q], position[q]))
-    state.move_shard(held[best_i][0], held[best_i][1], r, q)
+    state.move_shard(held[best_i][0], held[best_i][1], r, _first_tried(state, costs, by_cost, rows[best_i][:4], tied))
     return True
+
+
+def _first_tried(state: RankState, costs: list[float], by_cost: list[int] | None, vec, tied: list[int], position=None) -> int:
+    """Of the destinations ``tied`` for the best move of the shard of vector ``vec``, the one tried first: by time with
+    the shard, then in `by_cost` order (ranked here if None; ``position``: each rank's place in it, if known)."""
+    if len(tied) == 1:
+        return tied[0]
+    after = state.costs_after(vec)
+    if position is None:
+        by_cost = state.cheapest_first(range(len(costs)), costs) if by_cost is None else by_cost
+        position = {rank: k for k, rank in enumerate(by_cost)}
+    return min(tied, key=lambda q: (after[q], position[q]))
 
 
 def _try_swap(state: RankState, r: int, costs: list[float], by_cost: list[int]) -> bool:
