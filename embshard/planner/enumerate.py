@@ -102,7 +102,8 @@ def _tier_shard_costs(spec: TableSpec, topo: Topology, c: Candidate, inference: 
     each block's once for all tiers), and their storage."""
     phases = forward_only if inference else (lambda p: p)
     heights, widths = [n for _, n in c.row_spans], [d for _, d in c.col_spans]
-    in_hbm = dict(zip(product(heights, widths), c.shards))
+    blocks = list(product(heights, widths))
+    in_hbm = dict(zip(blocks, c.shards))
     costed: list[dict[tuple[int, int], ShardCost]] = [{} for _ in TIERS]
     for n in set(heights):
         located = [(location, cache_rows(n, fraction) if location is Location.UVM_CACHE else 0) for location, fraction in TIERS]
@@ -110,7 +111,6 @@ def _tier_shard_costs(spec: TableSpec, topo: Topology, c: Candidate, inference: 
             perfs = relocated_perfs(in_hbm[(n, d)].perf, spec, topo, n, d, located)
             for tier, perf, (location, cached) in zip(costed, perfs, located):
                 tier[(n, d)] = ShardCost(phases(perf), holder_storage(spec, topo, c.sharding_type, n, d, inference, location, cached))
-    blocks = list(product(heights, widths))
     return [tuple(map(tier.__getitem__, blocks)) for tier in costed]
 
 
