@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sections import commit_label, load_average
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = ((150, 8), (500, 64), (1000, 256), (2000, 512), (5000, 1024))
@@ -232,8 +233,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "base": f"{args.base} ({git('rev-parse', '--short', args.base)})",
-            "head": f"{git('rev-parse', '--short', 'HEAD')}" + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""),
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()), "budget_s": args.budget_s,
+            "head": commit_label(), "load_before": load_average(), "budget_s": args.budget_s,
             "torchrec_limit_s": args.torchrec_limit_s}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
         finally:
             git("worktree", "remove", "--force", str(base))
-    meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    meta["load_after"] = load_average()
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     png = args.markdown.with_suffix(".png")
     fits = chart(rows, png)

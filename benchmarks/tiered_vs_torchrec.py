@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import os
 import statistics
 import sys
 import time
@@ -58,6 +57,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from planner_vs_torchrec import TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
+from sections import load_average  # noqa: E402
 from tiered_plan_profile import case, cold_plan  # noqa: E402
 
 from embshard.data.config import SyntheticConfig  # noqa: E402
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     args.torchrec_search_s = args.torchrec_search_s or (20 if quick else 200)
     args.torchrec_limit_s = args.torchrec_limit_s or (120.0 if quick else 1500.0)
     args.pairs = (2 if quick else 9) if args.pairs is None else args.pairs
-    load_before = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    load_before = load_average()
     rows, paired = [], None
     cases_run = cases(args)
     for name, specs, topo, search in cases_run:  # each planner alone on the machine: its CPU s are its own
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.pairs and rows[0].get("tr_status") == "ok":
         print(f"{name}: {args.pairs} alternating planning-time pairs ...", flush=True)
         paired = paired_planning(specs, topo, search, args.pairs, args.ddr_gib)
-    text = markdown(rows, args, time.perf_counter() - t_start, paired, (load_before, "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())))
+    text = markdown(rows, args, time.perf_counter() - t_start, paired, (load_before, load_average()))
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
