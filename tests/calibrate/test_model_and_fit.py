@@ -15,8 +15,9 @@ from embshard.calibrate.kernels import KernelPoint
 from embshard.calibrate.measure import PHASES
 from embshard.calibrate.synthetic import bench_tables, random_plan
 from embshard.planner import evaluate, plan
-from embshard.planner.cost.perf import (allreduce_ms, collective_fixed_ms, expected_distinct_rows, fixed_perf, holder_perf, rank_perf,
-                                        rank_perfs, spread_comm_ms)
+from embshard.planner.cost.lookup import expected_distinct_rows
+from embshard.planner.cost.perf import (allreduce_ms, collective_fixed_ms, fixed_perf, holder_perf, rank_perf, rank_perfs,
+                                        spread_comm_ms)
 from embshard.planner.types import Perf, ShardingType
 from embshard.specs import TableSpec
 from embshard.topology import CALIBRATED_TERMS, PHASE_FACTORS, SHARED_TABLE_TERMS, Topology

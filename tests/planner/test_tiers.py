@@ -11,7 +11,8 @@ import pytest
 
 from embshard.planner import PlanInfeasibleError, ShardingPlan, evaluate, plan
 from embshard.planner.plan import SCHEMA_VERSION
-from embshard.planner.cost.perf import ID_BYTES, OUTPUT_BYTES, expected_distinct_rows, holder_perf, row_bytes
+from embshard.planner.cost.lookup import expected_distinct_rows, row_bytes
+from embshard.planner.cost.perf import ID_BYTES, OUTPUT_BYTES, holder_perf
 from embshard.planner.cost.storage import holder_storage, requester_storage
 from embshard.planner.cost.tiers import CACHE_FRACTIONS, CACHE_SLOT_BYTES, cache_rows, hit_rate
 from embshard.planner.report import chart, rank_table, summary, tiered_tables

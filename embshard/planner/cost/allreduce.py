@@ -11,11 +11,8 @@ the ring. Time per link class of both, and which one the runtime runs
 
 from __future__ import annotations
 
+from embshard.planner.cost.units import bytes_ms
 from embshard.topology import Topology
-
-
-def _ms(num_bytes: float, gb_per_s: float) -> float:
-    return num_bytes / (gb_per_s * 1e6)
 
 
 def _exchange_ms(sent_ms: float, received_ms: float, topo: Topology) -> float:
@@ -34,8 +31,8 @@ def _flat_legs_ms(num_bytes: float, topo: Topology) -> tuple[float, float, bool,
     W, L = topo.world_size, topo.local_world_size
     per_rank = 2 * num_bytes * (W - 1) / W
     sent_across, received_across = topo.num_hosts > 1, L == 1 and W > 1
-    sent = _ms(per_rank, topo.inter_host_gb_per_s if sent_across else topo.intra_host_gb_per_s)
-    received = _ms(per_rank, topo.inter_host_gb_per_s if received_across else topo.intra_host_gb_per_s)
+    sent = bytes_ms(per_rank, topo.inter_host_gb_per_s if sent_across else topo.intra_host_gb_per_s)
+    received = bytes_ms(per_rank, topo.inter_host_gb_per_s if received_across else topo.intra_host_gb_per_s)
     return sent, received, sent_across, received_across
 
 
@@ -58,13 +55,13 @@ def hierarchical_allreduce_ms(num_bytes: float, topo: Topology) -> float:
     each), a ring across the H hosts of this rank's 1/L share (2(H-1)/H of it each way). On one
     host, the ring's time."""
     L = topo.local_world_size
-    in_host = _ms(num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
+    in_host = bytes_ms(num_bytes * (L - 1) / L, topo.intra_host_gb_per_s)
     return 2 * _exchange_ms(in_host, in_host, topo) + hierarchical_allreduce_link_ms(num_bytes, topo)
 
 
 def hierarchical_allreduce_link_ms(num_bytes: float, topo: Topology) -> float:
     """Of `hierarchical_allreduce_ms`, the time on inter-host links: the ring across the hosts."""
-    across = _ms(2 * num_bytes * (topo.num_hosts - 1) / topo.num_hosts / topo.local_world_size, topo.inter_host_gb_per_s)
+    across = bytes_ms(2 * num_bytes * (topo.num_hosts - 1) / topo.num_hosts / topo.local_world_size, topo.inter_host_gb_per_s)
     return _exchange_ms(across, across, topo)
 
 

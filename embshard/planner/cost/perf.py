@@ -24,7 +24,7 @@ A rank's all-to-all phase takes max(bytes it sends, bytes it receives) / bandwid
 full-duplex links; `rank_perf` combines holder and requester sides that way (their sum on
 half-duplex ones). Traffic between a rank and the other ranks is spread uniformly: (L-1)/W of it stays in
 the host (intra-host bandwidth), (W-L)/W crosses hosts (one NIC per rank). Lookups are
-memory-bound: bytes moved / HBM bandwidth, with rows rounded up to 32-byte sectors. Ids are
+memory-bound (`embshard.planner.cost.lookup`): bytes moved / HBM bandwidth, with rows rounded up to 32-byte sectors. Ids are
 assumed spread uniformly over rows (a row shard with n of N rows gets n/N of the ids).
 Shards kept in host memory (``host``) or cached (``uvm_cache``) move their rows' bytes at
 ``ddr_gb_per_s`` instead, a cache's misses by the hit rate of its table's ``hot_rows``
@@ -69,7 +69,6 @@ model behind `embshard.planner.evaluate`, the search's objective and the calibra
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 # bytes per element on the wire (fp32 embeddings and gradients, int64 ids and lengths), in one place:
@@ -77,28 +76,12 @@ from embshard.comms import WIRE_BYTES  # noqa: F401
 from embshard.planner.cost.allreduce import collective_fixed_ms, flat_allreduce_link_ms, flat_allreduce_ms, runtime_allreduce_parts_ms
 from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allreduce_ms  # noqa: F401 (calibrate's fit: bandwidth terms)
 from embshard.planner.cost.hot_rows import hot_split
-from embshard.planner.cost.tiers import hit_rate
+from embshard.planner.cost.lookup import expected_distinct_rows, located_lookup_ms, lookup_ms, lookup_terms, row_bytes
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
+from embshard.planner.cost.units import bytes_ms, work_ms
 from embshard.planner.types import Location, Perf, ShardingType
 from embshard.specs import TableSpec, dp_allreduce_floats_per_row
 from embshard.topology import DATA_PARALLEL_MODES, Topology
-
-SECTOR_BYTES = 32
-
-
-def _ms(num_bytes: float, gb_per_s: float) -> float:
-    return num_bytes / (gb_per_s * 1e6)
-
-
-def _ns(count: float, ns_each: float) -> float:
-    """ms of ``count`` units of work at ``ns_each`` ns per unit."""
-    return count * ns_each * 1e-6
-
-
-def expected_distinct_rows(num_ids: float, num_rows: int) -> float:
-    """Distinct rows hit by num_ids ids drawn uniformly from num_rows rows."""
-    return num_rows * -math.expm1(-num_ids / num_rows) if num_rows > 0 else 0.0
-
 
 _NO_LINK = Perf()
 
@@ -118,11 +101,6 @@ def _factored(p: Perf, topo: Topology, link: Perf = _NO_LINK) -> Perf:
                 p.lookup_bwd_ms * topo.lookup_bwd_factor + link.lookup_bwd_ms, p.dp_allreduce_ms * topo.dp_allreduce_factor + link.dp_allreduce_ms)
 
 
-def row_bytes(spec: TableSpec, num_cols: int) -> int:
-    """Bytes fetched per row: the stored row (elements, and int8's scale and bias) in whole sectors."""
-    return math.ceil(spec.row_bytes(num_cols) / SECTOR_BYTES) * SECTOR_BYTES
-
-
 def spread_comm_ms(num_bytes: float, topo: Topology) -> float:
     """Time to move bytes to/from all ranks uniformly (the 1/W to itself is free)."""
     return sum(_spread_ms(num_bytes, topo))
@@ -131,70 +109,12 @@ def spread_comm_ms(num_bytes: float, topo: Topology) -> float:
 def _spread_ms(num_bytes: float, topo: Topology) -> tuple[float, float]:
     """spread_comm_ms's (intra-host, inter-host) parts."""
     W, L = topo.world_size, topo.local_world_size
-    return _ms(num_bytes * (L - 1) / W, topo.intra_host_gb_per_s), _ms(num_bytes * (W - L) / W, topo.inter_host_gb_per_s)
+    return bytes_ms(num_bytes * (L - 1) / W, topo.intra_host_gb_per_s), bytes_ms(num_bytes * (W - L) / W, topo.inter_host_gb_per_s)
 
 
 def host_comm_ms(num_bytes: float, num_peers: int, topo: Topology) -> float:
     """Time to exchange bytes with num_peers ranks of the same host ((k-1)/k leaves the rank)."""
-    return _ms(num_bytes * (num_peers - 1) / num_peers, topo.intra_host_gb_per_s) if num_peers > 1 else 0.0
-
-
-def _lookup_ms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float,
-               location: Location = Location.HBM, num_cache_rows: int = 0) -> tuple[float, float]:
-    """(forward, backward) ms of a fused TBE lookup of num_ids ids into an n x d shard at `location`
-    (embshard.planner.cost.tiers: rows in host memory move at ddr_gb_per_s)."""
-    return _located_lookup_ms(_lookup_terms(spec, topo, num_ids, num_rows, num_cols, out_rows), spec, topo, location, num_cache_rows)
-
-
-def _lookup_terms(spec: TableSpec, topo: Topology, num_ids: float, num_rows: int, num_cols: int, out_rows: float) -> tuple:
-    """What `_lookup_ms` weighs wherever the shard's rows live: (ids, rows, row bytes, output bytes, rows touched at
-    most, optimizer bytes per row, distinct rows touched, calibrated forward and backward work, output ms)."""
-    rb = row_bytes(spec, num_cols)
-    out_bytes = out_rows * num_cols * OUTPUT_BYTES
-    opt = spec.optimizer_state_bytes_per_row(num_cols)
-    distinct = expected_distinct_rows(num_ids, num_rows)
-    fwd_extra, bwd_extra = _lookup_work_ms(spec, topo, num_ids, distinct, rb, opt)
-    return (num_ids, num_rows, rb, out_bytes, min(num_ids, num_rows), opt, distinct, fwd_extra, bwd_extra,
-            _ns(out_bytes, topo.lookup_ns_per_out_byte))
-
-
-def _located_lookup_ms(terms: tuple, spec: TableSpec, topo: Topology, location: Location, num_cache_rows: int) -> tuple[float, float]:
-    """`_lookup_ms` from its `_lookup_terms`, at `location`."""
-    num_ids, num_rows, rb, out_bytes, unique_rows, opt, distinct, fwd_extra, bwd_extra, out_ms = terms
-    if location is Location.HBM:
-        fwd = _ms(num_ids * (ID_BYTES + rb) + out_bytes, topo.hbm_gb_per_s)
-        # backward: read output grads, sort ids, accumulate per-id grads, then read+write each
-        # touched row and its optimizer state.
-        bwd_bytes = out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * (rb + opt)
-        return fwd + fwd_extra + out_ms, _ms(bwd_bytes, topo.hbm_gb_per_s) + bwd_extra + out_ms
-    if location is Location.HOST:  # every row read, and updated with its optimizer state, across the host link
-        fwd = _ms(num_ids * ID_BYTES + out_bytes, topo.hbm_gb_per_s) + _ms(num_ids * rb, topo.ddr_gb_per_s)
-        bwd = (_ms(out_bytes + num_ids * (2 * ID_BYTES + rb), topo.hbm_gb_per_s)
-               + _ms(unique_rows * 2 * (rb + opt), topo.ddr_gb_per_s))
-        return fwd + fwd_extra + out_ms, bwd + bwd_extra + out_ms
-    # uvm_cache: misses fetched from host memory into the cache, lookups then read the cache;
-    # backward updates cached rows in HBM, their optimizer state in host memory, and writes
-    # back the rows the fetches evicted
-    misses = (1.0 - hit_rate(spec, num_cache_rows, num_rows)) * distinct
-    fwd = (_ms(num_ids * (ID_BYTES + rb) + out_bytes + misses * rb, topo.hbm_gb_per_s)
-           + _ms(misses * rb, topo.ddr_gb_per_s))
-    bwd = (_ms(out_bytes + num_ids * (2 * ID_BYTES + rb) + unique_rows * 2 * rb + misses * rb, topo.hbm_gb_per_s)
-           + _ms(unique_rows * 2 * opt + misses * rb, topo.ddr_gb_per_s))
-    return fwd + fwd_extra + out_ms, bwd + bwd_extra + out_ms
-
-
-def _lookup_work_ms(spec: TableSpec, topo: Topology, num_ids: float, distinct: float, rb: int, opt: int) -> tuple[float, float]:
-    """Calibrated lookup work beyond moving bytes (0 in the datasheet model): (forward, backward) ms of num_ids
-    ids hitting `distinct` rows of rb bytes (`row_bytes`) and opt bytes of optimizer state each."""
-    fwd = _ns(num_ids, topo.lookup_fwd_ns_per_id) + _ns(distinct * rb, topo.lookup_ns_per_row_byte)
-    if spec.pooled and spec.num_features > 1:  # a table shared by features: FBGEMM's generic update loop
-        update = _ns(distinct, topo.lookup_bwd_shared_ns_per_row) + _ns(distinct * (rb + opt), topo.lookup_bwd_shared_ns_per_row_byte)
-    else:
-        update = _ns(distinct, topo.lookup_bwd_ns_per_row)
-    bwd = _ns(num_ids, topo.lookup_bwd_ns_per_id) + update + _ns(distinct * (rb + opt), topo.lookup_ns_per_row_byte)
-    if not spec.pooled:
-        bwd += _ns(distinct, topo.sequence_bwd_ns_per_row)
-    return fwd, bwd
+    return bytes_ms(num_bytes * (num_peers - 1) / num_peers, topo.intra_host_gb_per_s) if num_peers > 1 else 0.0
 
 
 def host_reduce_work_ms(out_bytes: float, members: int, direction: str, topo: Topology) -> float:
@@ -206,18 +126,18 @@ def host_reduce_work_ms(out_bytes: float, members: int, direction: str, topo: To
     if members < 2:
         return 0.0
     per_byte = topo.host_reduce_fwd_ns_per_byte if direction == "forward" else topo.host_reduce_bwd_ns_per_byte
-    return _ns(out_bytes, per_byte) + topo.host_reduce_call_ms + topo.collective_ms * (topo.local_world_size - 1)
+    return work_ms(out_bytes, per_byte) + topo.host_reduce_call_ms + topo.collective_ms * (topo.local_world_size - 1)
 
 
 def _route_ms(spec: TableSpec, topo: Topology, num_ids: float, num_bags: float) -> float:
     """Calibrated routing work for ids and bag lengths (input dist), at one end."""
-    extra = 0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id)
-    return _ns(num_ids, topo.dist_ns_per_id) + _ns(num_bags, topo.dist_ns_per_bag) + extra
+    extra = 0.0 if spec.pooled else work_ms(num_ids, topo.sequence_dist_ns_per_id)
+    return work_ms(num_ids, topo.dist_ns_per_id) + work_ms(num_bags, topo.dist_ns_per_bag) + extra
 
 
 def _assemble_ms(spec: TableSpec, topo: Topology, out_bytes: float, num_ids: float) -> float:
     """Calibrated local work on embeddings (or their gradients) in output dist, at one end."""
-    return _ns(out_bytes, topo.dist_ns_per_byte) + (0.0 if spec.pooled else _ns(num_ids, topo.sequence_dist_ns_per_id))
+    return work_ms(out_bytes, topo.dist_ns_per_byte) + (0.0 if spec.pooled else work_ms(num_ids, topo.sequence_dist_ns_per_id))
 
 
 def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: int, num_cols: int, num_shards: int,
@@ -227,7 +147,7 @@ def holder_perf(spec: TableSpec, topo: Topology, stype: ShardingType, num_rows: 
     G, F = topo.global_batch_size, spec.num_features
     ids, out_rows = _shard_ids(spec, topo, num_rows)
     out_bytes = out_rows * num_cols * OUTPUT_BYTES
-    fwd, bwd = _lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
+    fwd, bwd = lookup_ms(spec, topo, ids, num_rows, num_cols, out_rows, location, num_cache_rows)
     in_bytes = ids * ID_BYTES + G * F * LENGTH_BYTES
     out_ms, out_link_ms = [], []
     for direction in ("forward", "backward"):
@@ -267,10 +187,10 @@ def relocated_perfs(perf: Perf, spec: TableSpec, topo: Topology, num_rows: int, 
     else: only the lookup depends on where the rows live (the same float operations; what the lookup weighs
     wherever they live is computed once)."""
     ids, out_rows = _shard_ids(spec, topo, num_rows)
-    terms = _lookup_terms(spec, topo, ids, num_rows, num_cols, out_rows)
+    terms = lookup_terms(spec, topo, ids, num_rows, num_cols, out_rows)
     out = []
     for location, num_cache_rows in locations:
-        fwd, bwd = _located_lookup_ms(terms, spec, topo, location, num_cache_rows)
+        fwd, bwd = located_lookup_ms(terms, spec, topo, location, num_cache_rows)
         out.append(Perf(perf.input_dist_ms, fwd * topo.lookup_fwd_factor, perf.output_dist_fwd_ms, perf.output_dist_bwd_ms,
                         bwd * topo.lookup_bwd_factor, perf.dp_allreduce_ms))
     return out
@@ -329,7 +249,7 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     ids = B * spec.pooling_factor * F
     out_rows = B * F if spec.pooled else ids
     rb = row_bytes(spec, D)
-    fwd = _ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
+    fwd = bytes_ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
     # dense backward: zero + scatter-add the full gradient, then update every row and its state (sharded updates:
     # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer): streaming work over
@@ -338,10 +258,10 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     dense_bytes = (2 + (W > 1)) * grad_bytes + N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
     out_bytes = out_rows * D * OUTPUT_BYTES
-    fwd += _ns(ids, topo.dp_fwd_ns_per_id)
-    bwd = (_ms(out_bytes + ids * rb, topo.hbm_gb_per_s) + _ms(dense_bytes, topo.dp_dense_gb_per_s)
-           + _ns(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
-           + _ns(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
+    fwd += work_ms(ids, topo.dp_fwd_ns_per_id)
+    bwd = (bytes_ms(out_bytes + ids * rb, topo.hbm_gb_per_s) + bytes_ms(dense_bytes, topo.dp_dense_gb_per_s)
+           + work_ms(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
+           + work_ms(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
     exchange_ms, link_ms = _dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo)
     return _factored(Perf(
         input_dist_ms=_route_ms(spec, topo, ids, B * F),

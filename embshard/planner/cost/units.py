@@ -1,0 +1,13 @@
+"""Units of the cost model: ms to move bytes at a bandwidth, ms of counted work at a cost per unit."""
+
+from __future__ import annotations
+
+
+def bytes_ms(num_bytes: float, gb_per_s: float) -> float:
+    """ms to move ``num_bytes`` at ``gb_per_s`` GB/s."""
+    return num_bytes / (gb_per_s * 1e6)
+
+
+def work_ms(count: float, ns_each: float) -> float:
+    """ms of ``count`` units of work at ``ns_each`` ns per unit."""
+    return count * ns_each * 1e-6
