@@ -69,7 +69,6 @@ class DLRM(nn.Module):
         self.top = mlp(top_in, config.top_mlp, last_activation=False)
 
     def forward(self, dense_BD: Tensor, sparse: KeyedJaggedTensor, sequence: KeyedJaggedTensor | None = None) -> Tensor:
-        dense_BD = self.bottom(dense_BD)
         embeddings_BE = self.sparse(sparse).values()
         extra = []
         if self.sequence is not None:
@@ -80,6 +79,10 @@ class DLRM(nn.Module):
             extra = [self.attention(history.values(), history.lengths(), target_BD), target_BD]
         if extra:
             embeddings_BE = torch.cat([embeddings_BE, *extra], dim=1)
+        # After the look-ups: backward runs the later of two ready nodes first, so the bottom MLP's gradients (the
+        # last DDP bucket) are ready before the embeddings' backward, whose all-to-all and kernels their all-reduce
+        # then overlaps.
+        dense_BD = self.bottom(dense_BD)
         if self.config.interaction == "dot":
             B, D = dense_BD.shape  # explicit vector count: B may be 0 (a serving rank without samples)
             out = self.interaction(dense_BD, embeddings_BE.view(B, embeddings_BE.shape[1] // D, D))

@@ -228,9 +228,8 @@ class _ShardedCollection(nn.Module):
         """The next forward, which must be of this very ``features`` object, uses ``distributed`` as its input dist."""
         self._staged = (features, distributed)
 
-    def _distribute_and_look_up(self, features: KeyedJaggedTensor):
-        """Input dist (unless staged) and rank-local lookups: (batch, batch sizes, received, replicated (per replica
-        group), outputs of the sharded kernels, outputs of the replica kernels (per replica group), hot split or None)."""
+    def _distribute_and_look_up(self, features: KeyedJaggedTensor) -> tuple[Distributed, list[Tensor]]:
+        """Input dist (unless staged) and the sharded kernels' look-ups: (the distributed batch, their outputs)."""
         staged, self._staged = self._staged, None
         assert staged is None or staged[0] is features, f"{self.where}: forward of another batch than the one staged"
         if staged is not None:
@@ -238,13 +237,22 @@ class _ShardedCollection(nn.Module):
         else:
             with self._phase("input_dist"):
                 d = self._distribute(features, self.pg)
-        batch, received, replicated = d.batch, d.received, d.replicated
         with self._phase("lookup"):
-            outs = self._look_up(self.kernels, received)
-            replica_outs = [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, replicated)]
+            outs = self._look_up(self.kernels, d.received)
+        return d, outs
+
+    def _look_up_replicas(self, d: Distributed) -> list[list[Tensor]]:
+        """The data-parallel kernels' look-ups (per replica group). Callers run them after the output dist's
+        all-to-all, so that backward reaches them before that all-to-all's backward (autograd runs the later of two
+        ready nodes first): their gradient all-reduce then starts before it and overlaps it and the sharded tables'
+        backward. A collection without sharded tables runs them before reading the batch-size header (`_batch_sizes`),
+        in flight meanwhile."""
+        with self._phase("lookup"):
+            return [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, d.replicated)]
+
+    def _batch_sizes(self, d: Distributed) -> tuple[int, ...]:
         with self._phase("input_dist"):
-            batch_sizes = d.batch_sizes  # in flight until here where every look-up is local; raises on a bad batch
-        return batch, batch_sizes, received, replicated, outs, replica_outs, d.split
+            return d.batch_sizes  # raises on a bad batch (every rank does)
 
     def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]], batch_sizes: tuple[int, ...]) -> Tensor | None:
         """This rank's rows of the data-parallel features, replica groups side by side (pooled: [B, width],
@@ -389,12 +397,20 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
         self._dims = [f.dim for f in features]
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        batch, batch_sizes, received, replicated, outs, replica_outs, split = self._distribute_and_look_up(features)
+        d, outs = self._distribute_and_look_up(features)
+        if self.sharded:
+            batch_sizes = self._batch_sizes(d)
+            with self._phase("output_dist"):
+                received = self.output_dist.exchange(outs, d.batch, batch_sizes)
+            replica_outs = self._look_up_replicas(d)
+        else:
+            received, replica_outs = None, self._look_up_replicas(d)
+            batch_sizes = self._batch_sizes(d)
         with self._phase("output_dist"):
-            replica_rows = self._replica_rows(replicated, replica_outs, batch_sizes)
-            values = self.output_dist(outs, replica_rows, batch, batch_sizes)
-            if split is not None:
-                values = self.hot.join_pooled(values, split)
+            replica_rows = self._replica_rows(d.replicated, replica_outs, batch_sizes)
+            values = self.output_dist.assemble(received, replica_rows, d.batch)
+            if d.split is not None:
+                values = self.hot.join_pooled(values, d.split)
         return KeyedTensor(keys=self._keys, length_per_key=self._dims, values=values)
 
 
@@ -409,11 +425,18 @@ class ShardedEmbeddingCollection(_ShardedCollection):
         self.output_dist = SequenceOutputDist(self.routing, pg, self.device, self.comms)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        batch, batch_sizes, received, replicated, outs, replica_outs, split = self._distribute_and_look_up(features)
+        d, outs = self._distribute_and_look_up(features)
+        if self.sharded:
+            batch_sizes = self._batch_sizes(d)
+            with self._phase("output_dist"):
+                flat = self.output_dist(outs, d.received, d.batch)
+            replica_outs = self._look_up_replicas(d)
+        else:
+            flat, replica_outs = None, self._look_up_replicas(d)
+            batch_sizes = self._batch_sizes(d)
         with self._phase("output_dist"):
-            flat = self.output_dist(outs, received, batch) if received else None
-            out = self._per_feature(flat, self._replica_rows(replicated, replica_outs, batch_sizes), batch)
-            return self.hot.join_sequence(out, split) if split is not None else out
+            out = self._per_feature(flat, self._replica_rows(d.replicated, replica_outs, batch_sizes), d.batch)
+            return self.hot.join_sequence(out, d.split) if d.split is not None else out
 
     def _per_feature(self, flat: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> dict[str, JaggedTensor]:
         """Cut the flat outputs (sharded features, then replicated ones) into one JaggedTensor per feature."""

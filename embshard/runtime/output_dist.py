@@ -85,20 +85,26 @@ class PooledOutputDist:
             self._index_cache[batch_size] = None if in_place else (index, inverse_permutation(index) if self.one_to_one else index)
         return self._index_cache[batch_size]
 
-    def __call__(self, kernel_outputs: list[Tensor], replica_rows: Tensor | None, batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
-        """replica_rows: [B, width] this rank's rows of the data-parallel features (see comm.local_part)."""
+    def exchange(self, kernel_outputs: list[Tensor], batch: Batch, batch_sizes: tuple[int, ...]) -> Tensor:
+        """The all-to-all: this rank's kernels' rows of every rank's samples go to their ranks; what comes back
+        (flat, blocks [B, width] by sending rank) goes to `assemble`. Only for a collection with sharded tables."""
+        assert self.sharded, "exchange: nothing is sharded, there is nothing to send"
+        r, B = self.routing, batch.batch_size
+        # A rank without shards still joins the backward all-to-all: its empty input needs a gradient.
+        local = kernel_outputs[0] if len(kernel_outputs) == 1 else torch.cat(kernel_outputs, dim=1) if kernel_outputs \
+            else torch.zeros(sum(batch_sizes), 0, device=self.device, requires_grad=True)
+        if self.host_reduction:
+            message, in_splits = self.host_reduction(local, batch_sizes)
+        else:
+            message, in_splits = local.reshape(-1), [b * local.shape[1] for b in batch_sizes]
+        return wire_all_to_all(message, [B * w for w in self.widths], in_splits, self.pg, self.comms,
+                               grad_scale=1.0 / r.world_size)
+
+    def assemble(self, received: Tensor | None, replica_rows: Tensor | None, batch: Batch) -> Tensor:
+        """[B, D]: the rows `exchange` received and replica_rows ([B, width], this rank's rows of the data-parallel
+        features, see comm.local_part) put in their columns."""
         r, B, D = self.routing, batch.batch_size, self.routing.output_dim
-        pieces = [] if replica_rows is None else [replica_rows.reshape(-1)]
-        if self.sharded:
-            # A rank without shards still joins the backward all-to-all: its empty input needs a gradient.
-            local = kernel_outputs[0] if len(kernel_outputs) == 1 else torch.cat(kernel_outputs, dim=1) if kernel_outputs \
-                else torch.zeros(sum(batch_sizes), 0, device=self.device, requires_grad=True)
-            if self.host_reduction:
-                message, in_splits = self.host_reduction(local, batch_sizes)
-            else:
-                message, in_splits = local.reshape(-1), [b * local.shape[1] for b in batch_sizes]
-            pieces.insert(0, wire_all_to_all(message, [B * w for w in self.widths], in_splits, self.pg, self.comms,
-                                             grad_scale=1.0 / r.world_size))
+        pieces = [p.reshape(-1) for p in (received, replica_rows) if p is not None]
         source = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         scatter = self._scatter_index(B)
         if scatter is None:
