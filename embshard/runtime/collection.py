@@ -47,7 +47,7 @@ import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -241,12 +241,21 @@ class _ShardedCollection(nn.Module):
             outs = self._look_up(self.kernels, d.received)
         return d, outs
 
+    def _exchange_and_look_up_replicas(self, d: Distributed, exchange: Callable[[tuple[int, ...]], Tensor]):
+        """(what ``exchange(batch sizes)``, the output dist's all-to-all, returns (None without sharded tables), the
+        data-parallel kernels' look-ups per replica group, the batch sizes). The look-ups run after the all-to-all, so
+        that backward reaches them before its backward (autograd runs the later of two ready nodes first): their
+        gradient all-reduce starts before it and overlaps it and the sharded tables' backward. Without sharded
+        tables they run before the batch-size header is read, in flight meanwhile."""
+        if self.sharded:
+            batch_sizes = self._batch_sizes(d)
+            with self._phase("output_dist"):
+                received = exchange(batch_sizes)
+            return received, self._look_up_replicas(d), batch_sizes
+        replica_outs = self._look_up_replicas(d)
+        return None, replica_outs, self._batch_sizes(d)
+
     def _look_up_replicas(self, d: Distributed) -> list[list[Tensor]]:
-        """The data-parallel kernels' look-ups (per replica group). Callers run them after the output dist's
-        all-to-all, so that backward reaches them before that all-to-all's backward (autograd runs the later of two
-        ready nodes first): their gradient all-reduce then starts before it and overlaps it and the sharded tables'
-        backward. A collection without sharded tables runs them before reading the batch-size header (`_batch_sizes`),
-        in flight meanwhile."""
         with self._phase("lookup"):
             return [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, d.replicated)]
 
@@ -398,14 +407,8 @@ class ShardedEmbeddingBagCollection(_ShardedCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         d, outs = self._distribute_and_look_up(features)
-        if self.sharded:
-            batch_sizes = self._batch_sizes(d)
-            with self._phase("output_dist"):
-                received = self.output_dist.exchange(outs, d.batch, batch_sizes)
-            replica_outs = self._look_up_replicas(d)
-        else:
-            received, replica_outs = None, self._look_up_replicas(d)
-            batch_sizes = self._batch_sizes(d)
+        received, replica_outs, batch_sizes = self._exchange_and_look_up_replicas(
+            d, lambda batch_sizes: self.output_dist.exchange(outs, d.batch, batch_sizes))
         with self._phase("output_dist"):
             replica_rows = self._replica_rows(d.replicated, replica_outs, batch_sizes)
             values = self.output_dist.assemble(received, replica_rows, d.batch)
@@ -426,14 +429,8 @@ class ShardedEmbeddingCollection(_ShardedCollection):
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         d, outs = self._distribute_and_look_up(features)
-        if self.sharded:
-            batch_sizes = self._batch_sizes(d)
-            with self._phase("output_dist"):
-                flat = self.output_dist(outs, d.received, d.batch)
-            replica_outs = self._look_up_replicas(d)
-        else:
-            flat, replica_outs = None, self._look_up_replicas(d)
-            batch_sizes = self._batch_sizes(d)
+        flat, replica_outs, batch_sizes = self._exchange_and_look_up_replicas(
+            d, lambda _: self.output_dist(outs, d.received, d.batch))
         with self._phase("output_dist"):
             out = self._per_feature(flat, self._replica_rows(d.replicated, replica_outs, batch_sizes), d.batch)
             return self.hot.join_sequence(out, d.split) if d.split is not None else out
