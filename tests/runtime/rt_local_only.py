@@ -6,6 +6,7 @@ reduction comes first). A table-wise
 plan of the same tables, for contrast, sends its ids and embeddings (two all-to-alls in, one out).
 That such collections train exactly as the unsharded reference: rt_training's data_parallel cases, and
 here with the all-reduce in pieces (dense_replicas.ALLREDUCE_PIECES; these tables are under its floor).
+Beside table-wise tables, backward all-reduces them before the sharded tables' all-to-all (`backward_order`).
 """
 
 from __future__ import annotations
@@ -29,23 +30,34 @@ COLLECTIVES = ("all_to_all_single", "all_reduce", "all_gather_into_tensor", "all
 
 
 @contextmanager
-def counting_calls() -> Iterator[Counter]:
-    """Calls of torch.distributed's collectives while the block runs, by name."""
-    calls: Counter = Counter()
+def recording_calls() -> Iterator[list[str]]:
+    """Names of torch.distributed's collectives called while the block runs, in call order."""
+    names: list[str] = []
     originals = {name: getattr(dist, name) for name in COLLECTIVES}
 
-    def counted(name):
+    def recorded(name):
         def call(*args, **kwargs):
-            calls[name] += 1
+            names.append(name)
             return originals[name](*args, **kwargs)
         return call
     try:
         for name in COLLECTIVES:
-            setattr(dist, name, counted(name))
-        yield calls
+            setattr(dist, name, recorded(name))
+        yield names
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+
+
+@contextmanager
+def counting_calls() -> Iterator[Counter]:
+    """Calls of torch.distributed's collectives while the block runs, by name (filled when it ends)."""
+    calls: Counter = Counter()
+    with recording_calls() as names:
+        try:
+            yield calls
+        finally:
+            calls.update(names)
 
 
 def run_step(specs, types: list[ShardingType], pg: dist.ProcessGroup, pooled: bool) -> tuple[Counter, Counter, int]:
@@ -76,6 +88,24 @@ def local_only(pg: dist.ProcessGroup, pooled: bool) -> dict:
 
 
 
+def backward_order(pg: dist.ProcessGroup, pooled: bool) -> dict:
+    """Data-parallel tables (all-reduce) beside table-wise ones: backward all-reduces the data-parallel gradients
+    before the all-to-all that takes the sharded tables' output gradients back (their look-ups run after the output
+    all-to-all, and autograd runs the later of two ready nodes first), so the all-reduce overlaps it."""
+    specs = [dataclasses.replace(s, optimizer="rowwise_adagrad") for s in (POOLED if pooled else SEQUENCE)]
+    W, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    types = [ST.DATA_PARALLEL if i % 2 else ST.TABLE_WISE for i in range(len(specs))]
+    plan = make_plan(specs, dataclasses.replace(topology(W), local_world_size=W), types)
+    collection = make_collection(specs, plan, pg, pooled, data_parallel_mode="allreduce")
+    out = collection(kjt(make_batches(specs, W, False, seed=53)[0][rank], features_of(specs), False))
+    values = out.values() if pooled else torch.cat([jt.values() for jt in out.values()])
+    with recording_calls() as names:
+        values.square().sum().backward()
+    first = {name: names.index(name) if name in names else len(names) for name in ("all_reduce", "all_to_all_single")}
+    return {"err_backward_calls": abs(names.count("all_reduce") - 1) + abs(names.count("all_to_all_single") - 1),
+            "err_all_reduce_after_all_to_all": float(first["all_reduce"] > first["all_to_all_single"])}
+
+
 def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int) -> dict:
     """The data-parallel all-reduce in ``pieces`` (its floor lowered so that these small tables are cut, inside
     stacks and between them; adam's counted rows wait for the last), trained against the unsharded reference."""
@@ -97,5 +127,7 @@ def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int) -> dict:
 def cases(world_size: int) -> dict:
     return {"local-only-collectives-pooled": lambda pg: local_only(pg, True),
             "local-only-collectives-sequence": lambda pg: local_only(pg, False),
+            "backward-order-pooled": lambda pg: backward_order(pg, True),
+            "backward-order-sequence": lambda pg: backward_order(pg, False),
             "allreduce-in-pieces-pooled": lambda pg: in_pieces(pg, True, 3),
             "allreduce-in-pieces-sequence": lambda pg: in_pieces(pg, False, 5)}
