@@ -11,7 +11,7 @@ the ring. Time per link class of both, and which one the runtime runs
 
 from __future__ import annotations
 
-from embshard.planner.cost.units import bytes_ms
+from embshard.planner.cost.units import bytes_ms, work_ms
 from embshard.topology import Topology
 
 
@@ -74,7 +74,7 @@ def _hierarchical_extra_ms(num_bytes: float, topo: Topology) -> float:
     per call; fitted on layouts run hierarchically and flat, embshard.calibrate.fit.dp_hier_fit)."""
     L, H = topo.local_world_size, topo.num_hosts
     fixed = 2 * topo.collective_ms * (L - 1) + 2 * (topo.collective_ms + topo.inter_host_collective_ms) * (H - 1)
-    return fixed + num_bytes * (3 * topo.dist_ns_per_byte + topo.dp_hier_ns_per_byte) * 1e-6 + topo.dp_hier_call_ms
+    return fixed + work_ms(num_bytes, 3 * topo.dist_ns_per_byte + topo.dp_hier_ns_per_byte) + topo.dp_hier_call_ms
 
 
 def hierarchical_total_ms(num_bytes: float, topo: Topology) -> float:
