@@ -5,8 +5,10 @@ The wheel is built from a copy of the checkout (no build/ folder of an earlier r
 for each Python version it goes into a fresh venv with the core dependencies only (pip's
 download cache is all that is reused), and from a folder outside the checkout: embshard-plan
 on a shipped table set and on a plain tables file, embshard-stats on synthetic data, `--version`, the one-line error of an app
-that needs torch, and the planner's tests against the installed package. About 45 s per
-version on a 2-core machine with pip's cache warm (the first run downloads numpy, scipy, matplotlib).
+that needs torch, and the planner's tests against the installed package. The versions' venvs are made, and all
+their runs started, side by side (each run is one process: the two planner test runs, the longest, take a core
+each): about 80 s for both on a 2-core machine with pip's cache warm (the first run downloads numpy, scipy,
+matplotlib), where one after the other took 150-165 s.
 On 3.11 the wheel goes into a venv that sees this interpreter's packages (torch, fbgemm-gpu-cpu,
 torchrec) but not the checkout, and embshard-train, -serve, -export and -calibrate run from it.
 """
@@ -19,8 +21,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 import yaml
@@ -80,15 +85,31 @@ def sh(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Complet
     return subprocess.run([str(a) for a in args], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def sh_all(cwd: Path, commands: dict[str, list], timeout: float = 300) -> dict[str, subprocess.CompletedProcess]:
-    """Start every command at once, then wait for each: name -> its result."""
-    procs = {name: subprocess.Popen([str(a) for a in args], cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, args in commands.items()}
-    results = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=timeout)
-        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    return results
+def sh_all(cwd: Path | Mapping[str, Path], commands: dict[str, list], timeout: float = 300) -> dict[str, subprocess.CompletedProcess]:
+    """Start every command at once (each in ``cwd``, or in ``cwd[name]``), then wait for each: name -> its result.
+    Output goes to files, so that no process blocks on a full pipe while another is waited for."""
+    with tempfile.TemporaryDirectory() as logs:
+        procs = {}
+        for i, (name, args) in enumerate(commands.items()):
+            out, err = open(f"{logs}/{i}.out", "w+"), open(f"{logs}/{i}.err", "w+")
+            where = cwd if isinstance(cwd, Path) else cwd[name]
+            procs[name] = (subprocess.Popen([str(a) for a in args], cwd=where, env=clean_env(), stdout=out, stderr=err,
+                                            text=True), out, err)
+        results = {}
+        for name, (proc, out, err) in procs.items():
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for other, _, _ in procs.values():
+                    other.kill()
+                raise
+            texts = []
+            for f in (out, err):
+                f.seek(0)
+                texts.append(f.read())
+                f.close()
+            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, *texts)
+        return results
 
 
 @pytest.fixture(scope="module")
@@ -104,25 +125,23 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_wheel_installs_and_plans_without_torch(wheel, version, tmp_path):
-    python = find_python(version)
-    if python is None:
-        pytest.skip(f"NO PYTHON {version} ON THIS MACHINE: the light install is untested on {version} "
-                    f"(install it, e.g. pyenv install {version})")
-    t0 = time.perf_counter()
-    venv, work = tmp_path / "venv", tmp_path / "work"  # work: outside the checkout, where a user runs it
-    work.mkdir()
-    made = sh(python, "-m", "venv", venv, cwd=work)
-    assert made.returncode == 0, made.stderr
-    installed = sh(venv / "bin/python", "-m", "pip", "install", "-q", "--no-compile", wheel, "pytest", cwd=work, timeout=600)
-    assert installed.returncode == 0, errors(installed)
-    t_install = time.perf_counter() - t0
-    bin_ = venv / "bin"
+@dataclass
+class LightInstall:
+    """One Python version's venv with the wheel and its core dependencies, and what ran from it."""
 
-    (work / "user.yaml").write_text(USER_FILE)
+    venv: Path
+    work: Path  # outside the checkout, where a user runs it
+    made: subprocess.CompletedProcess | None = None
+    installed: subprocess.CompletedProcess | None = None
+    runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
+    install_s: float = 0.0
+
+
+def light_commands(install: LightInstall) -> dict[str, list]:
+    """Every check's command for one venv: the apps (each spends a second or more importing) and the planner tests."""
+    bin_ = install.venv / "bin"
     fast = ("planner.time_budget_s=0.5", "planner.use_ilp=false")
-    runs = sh_all(work, {  # at once: each spends a second or more importing
+    return {
         "shipped": [bin_ / "embshard-plan", "tables=criteo_small", "topology=cpu", "topology.world_size=4",
                     "topology.local_world_size=4", *fast, "out=shipped/plan.json"],
         "user": [bin_ / "embshard-plan", "tables_file=user.yaml", "topology.hbm_gib=2", *fast, "out=user.json"],
@@ -132,7 +151,55 @@ def test_wheel_installs_and_plans_without_torch(wheel, version, tmp_path):
         "probe": [bin_ / "python", "-c", "import embshard, importlib.metadata as m, importlib.util as u; "
                   "print(embshard.__file__, m.version('embshard'), u.find_spec('torch') is None, sep='\\n')"],
         **{prog: [bin_ / prog, "--version"] for prog in PROGS},
-    })
+        "planner_tests": [bin_ / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *PLANNER_TESTS,
+                          *(f"--deselect={t}" for t in TIMING_TESTS)],
+    }
+
+
+@pytest.fixture(scope="module")
+def light_installs(wheel, tmp_path_factory) -> dict[str, LightInstall]:
+    """Per Python version on this machine: a fresh venv, the wheel installed with its core dependencies, and every
+    check's run; the versions side by side (venvs, installs, then all runs at once)."""
+    base = tmp_path_factory.mktemp("light")
+    pythons = {v: p for v in VERSIONS if (p := find_python(v)) is not None}
+    installs = {v: LightInstall(base / v / "venv", base / v / "work") for v in pythons}
+    for install in installs.values():
+        install.work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    for v, made in sh_all(base, {v: [python, "-m", "venv", installs[v].venv] for v, python in pythons.items()}).items():
+        installs[v].made = made
+    ready = {v: i for v, i in installs.items() if i.made.returncode == 0}
+    pip = {v: [i.venv / "bin/python", "-m", "pip", "install", "-q", "--no-compile", wheel, "pytest"] for v, i in ready.items()}
+    for v, installed in sh_all({v: i.work for v, i in ready.items()}, pip, timeout=600).items():
+        installs[v].installed, installs[v].install_s = installed, time.perf_counter() - t0
+    commands, where = {}, {}
+    for v, install in installs.items():
+        if install.installed is None or install.installed.returncode != 0:
+            continue
+        (install.work / "user.yaml").write_text(USER_FILE)
+        for tests in PLANNER_TESTS:
+            (install.work / tests).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if (ROOT / tests).is_dir() else shutil.copy)(ROOT / tests, install.work / tests)
+        for name, args in light_commands(install).items():
+            commands[f"{v}/{name}"], where[f"{v}/{name}"] = args, install.work
+    t1 = time.perf_counter()
+    for key, run in sh_all(where, commands, timeout=600).items():
+        v, name = key.split("/")
+        installs[v].runs[name] = run
+    print(f"venvs and installs {t1 - t0:.1f} s, every version's runs at once {time.perf_counter() - t1:.1f} s")
+    return installs
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wheel_installs_and_plans_without_torch(light_installs, version):
+    if version not in light_installs:
+        pytest.skip(f"NO PYTHON {version} ON THIS MACHINE: the light install is untested on {version} "
+                    f"(install it, e.g. pyenv install {version})")
+    install = light_installs[version]
+    venv, work, runs = install.venv, install.work, install.runs
+    assert install.made.returncode == 0, install.made.stderr
+    assert install.installed.returncode == 0, errors(install.installed)
+
     assert runs["shipped"].returncode == 0, runs["shipped"].stderr
     plan = ShardingPlan.load(work / "shipped/plan.json")
     assert [s.name for s in plan.specs] == [f"cat_{i}" for i in range(26)] and plan.spec("cat_2").num_embeddings == 100000
@@ -159,18 +226,12 @@ def test_wheel_installs_and_plans_without_torch(wheel, version, tmp_path):
     for prog in PROGS:
         assert (runs[prog].returncode, runs[prog].stdout) == (0, f"{prog} {embshard.__version__}\n"), runs[prog].stderr
 
-    for tests in PLANNER_TESTS:
-        (work / tests).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if (ROOT / tests).is_dir() else shutil.copy)(ROOT / tests, work / tests)
-    t1 = time.perf_counter()
-    ran = sh(bin_ / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *PLANNER_TESTS,
-             *(f"--deselect={t}" for t in TIMING_TESTS), cwd=work, timeout=600)
+    ran = runs["planner_tests"]
     assert ran.returncode == 0, ran.stdout[-4000:]
     passed = int(re.search(r"(\d+) passed", ran.stdout).group(1))
     skipped = re.findall(r"SKIPPED \[\d+\] (\S+)", ran.stdout)
     assert passed >= 60 and all("test_search.py" in s for s in skipped), ran.stdout[-2000:]  # only TorchRec's export
-    print(f"python {version}: venv and install {t_install:.1f} s, planner tests {time.perf_counter() - t1:.1f} s "
-          f"({passed} passed), in all {time.perf_counter() - t0:.1f} s")
+    print(f"python {version}: venv and install {install.install_s:.1f} s ({passed} planner tests passed)")
 
 
 def test_torch_apps_run_from_the_wheel(wheel, tmp_path):
