@@ -1,14 +1,16 @@
 """Multi-process gloo tests of the sharded runtime against unsharded TorchRec references.
 
 One real process group per world size (2, 3, 4) runs every case (tests/runtime/rt_*.py)
-and reports its numbers; each test below checks one case on every rank. A failing rank
-cannot hang the suite: collectives time out after 60 s and the group is killed after
-GROUP_TIMEOUT_S.
+and reports its numbers; each test below checks one case on every rank. The groups of the
+selected tests' world sizes start together (on 2 cores about 70 s for the three, where one
+after the other took 105 s). A failing rank cannot hang the suite: collectives time out
+after 60 s and a group is killed after GROUP_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
-import functools
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator
 
 import pytest
 
@@ -20,17 +22,21 @@ GROUP_TIMEOUT_S = 480
 FP32_TOL = 1e-5
 
 
-@functools.lru_cache(maxsize=None)
-def group_results(world_size: int) -> list[dict]:
-    return run_group(world_size, GROUP_TIMEOUT_S)
-
-
 CASES = [(w, name) for w in WORLD_SIZES for name in all_case_functions(w)]
 
 
+@pytest.fixture(scope="module")
+def groups(request) -> Iterator[dict[int, Future]]:
+    """world size -> its group's results (`run_group`), every selected world size's group started at once."""
+    wanted = sorted({item.callspec.params["world_size"] for item in request.session.items
+                     if item.module is request.module and hasattr(item, "callspec")})
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        yield {w: pool.submit(run_group, w, GROUP_TIMEOUT_S) for w in wanted}
+
+
 @pytest.mark.parametrize("world_size,case", CASES, ids=[f"w{w}-{n}" for w, n in CASES])
-def test_case(world_size: int, case: str) -> None:
-    for rank, results in enumerate(group_results(world_size)):
+def test_case(groups: dict[int, Future], world_size: int, case: str) -> None:
+    for rank, results in enumerate(groups[world_size].result()):
         assert case in results, f"rank {rank} did not report {case}: {results.get('__exit__', {}).get('error', '')}"
         result = results[case]
         assert "error" not in result, f"rank {rank}: {result['error']}"
