@@ -43,8 +43,10 @@ from embshard.planner.plan import ShardingPlan
 from embshard.specs import TableSpec, load_tables_file, tables_from_list
 from embshard.topology import GIB, Topology
 from embshard.workloads import generate_tables
+from sections import commit_label
 
 REPO = Path(__file__).resolve().parent.parent
+PLANNER_PATHS = ("embshard/planner", "embshard/interop")  # an embshard run's "commit" notes changes under these
 HEADROOM = 2.0
 LOCAL_WORLD_SIZE = 8
 WORLD_SIZES = (8, 16, 64, 128)
@@ -86,7 +88,7 @@ def run_embshard(specs: tuple[TableSpec, ...], topo: Topology, time_budget_s: fl
     except PlanInfeasibleError as e:
         return {"status": "infeasible", "detail": str(e)}
     return {"status": "ok", "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "plan": p.to_dict(),
-            "commit": git_commit()}
+            "commit": commit_label(PLANNER_PATHS)}
 
 
 TORCHREC_PROPOSERS = ("default", "greedy_no_depth")  # TorchRec's default proposer list, or its GreedyProposer(use_depth=False) alone
@@ -355,13 +357,6 @@ def keep_hand_written(text: str, path: Path) -> str:
     """Carry over the ANALYSIS_HEADING section (written by hand) of an existing results file."""
     old = path.read_text() if path.exists() else ""
     return text + ("\n" + old[old.index(ANALYSIS_HEADING):] if ANALYSIS_HEADING in old else "")
-
-
-def git_commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "embshard/planner", "embshard/interop"], capture_output=True,
-                           text=True, cwd=REPO).stdout.strip()
-    return head + (" (with uncommitted changes under embshard/planner or embshard/interop)" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> None:

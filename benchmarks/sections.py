@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,12 +37,14 @@ def write_keeping_section(path: Path, text: str, name: str) -> None:
     path.write_text(text.rstrip() + "\n\n" + kept + "\n" if kept else text)
 
 
-def commit_label() -> str:
-    """The checkout's short commit, with "(uncommitted changes)" where tracked files differ from it: what a results
-    file names as the code it measured."""
+def commit_label(paths: Sequence[str] = ()) -> str:
+    """The checkout's short commit, with "(uncommitted changes)" where tracked files (those under ``paths``, folders
+    from the repository's root, if given) differ from it: what a results file names as the code it measured."""
     done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return (done.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty.stdout.strip() else "")
+    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no", "--",
+                            *(f":(top){p}" for p in paths)], capture_output=True, text=True)
+    where = f" under {', '.join(paths)}" if paths else ""
+    return (done.stdout.strip() or "unknown") + (f" (uncommitted changes{where})" if dirty.stdout.strip() else "")
 
 
 def load_average() -> str:

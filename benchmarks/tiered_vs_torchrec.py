@@ -56,8 +56,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_vs_torchrec import TorchRecRun, git_commit, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
-from sections import load_average  # noqa: E402
+from planner_vs_torchrec import PLANNER_PATHS, TorchRecRun, layout_mix, run_embshard, state_bytes, torchrec_model_ms  # noqa: E402
+from sections import commit_label, load_average  # noqa: E402
 from tiered_plan_profile import case, cold_plan  # noqa: E402
 
 from embshard.data.config import SyntheticConfig  # noqa: E402
@@ -275,7 +275,7 @@ buffer instead of concatenating them (a follow-up for the runtime and the model 
 def markdown(rows: list[dict], args, total_s: float, paired: dict | None, loads: tuple[str, str]) -> str:
     lines = ["# Tiered plans vs TorchRec's planner with UVM caching\n",
              f"`{COMMAND}`{' --quick' if args.quick else ''} on {cpu_model()}, "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, embshard {git_commit()}, {total_s:.0f} s in all; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, embshard {commit_label(PLANNER_PATHS)}, {total_s:.0f} s in all; "
              f"load average (1/5/15 min) {loads[0]} before, {loads[1]} after; "
              f"embshard budget {args.embshard_budget_s:g} s; hot_rows of the generated set from {args.samples:,} synthetic samples. "
              "Costs are predicted ms per step of the slowest rank; ratio = embshard / TorchRec (below 1: embshard's plan is "
