@@ -29,7 +29,7 @@ CASES = [(w, name) for w in WORLD_SIZES for name in all_case_functions(w)]
 def groups(request) -> Iterator[dict[int, Future]]:
     """world size -> its group's results (`run_group`), every selected world size's group started at once."""
     wanted = sorted({item.callspec.params["world_size"] for item in request.session.items
-                     if item.module is request.module and hasattr(item, "callspec")})
+                     if getattr(item, "function", None) is test_case})
     with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
         yield {w: pool.submit(run_group, w, GROUP_TIMEOUT_S) for w in wanted}
 
