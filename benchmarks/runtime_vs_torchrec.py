@@ -384,12 +384,12 @@ def markdown(results: list[dict], meta: dict) -> str:
         lines += ["",
                   "Where the time goes. Fused pooled cases run the same FBGEMM kernel in both runtimes, and its CPU "
                   "backward (with the rowwise_adagrad update) is most of the step; embshard's edge there is the "
-                  "rest: one header all-gather + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
+                  "rest: one header (a 2-element all-reduce where every rank's batch size is the same) + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
                   "Sequence tables: embshard looks them up with FBGEMM's summing kernel over one-id bags, whose CPU "
                   "backward is about 10x faster than the PoolingMode.NONE kernel TorchRec uses. Data-parallel: "
                   "embshard's replicas look up the global batch and exchange ids and pooled gradients (replicated_lookup), "
-                  "or look up their own samples (allreduce: the forward sends nothing but the header, read after the "
-                  "look-ups; the backward all-reduces every such table's gradient in one buffer, in two pieces in flight "
+                  "or look up their own samples (allreduce: the forward sends nothing but a failure flag (a 1-element "
+                  "all-reduce), read after the look-ups; the backward all-reduces every such table's gradient in one buffer, in two pieces in flight "
                   "at once, each updated as it lands); TorchRec all-reduces whole-table gradients (DDP) and its dense "
                   "RowWiseAdagrad touches every row."]
     lines += ["", "The machine is shared: alternating the runtimes step by step and taking medians damps, but "

@@ -5,8 +5,7 @@
 Each rank passes its own slice of the batch. Forward: validate locally, agree on batch
 sizes (and on failure: every rank raises the same ValueError), input dist, rank-local
 fused lookups, output dist (a collection whose look-ups are all local, data-parallel tables
-trained by an all-reduce, has neither: its forward reads the batch-size header, in flight meanwhile,
-after its look-ups). Backward: gradients go back the same way and the fused
+trained by an all-reduce, has neither: it agrees on failure alone, a header in flight during its look-ups). Backward: gradients go back the same way and the fused
 optimizer updates every shard inside backward; nothing to call afterwards.
 
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
@@ -155,6 +154,7 @@ class _ShardedCollection(nn.Module):
                 if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
+        self.all_local = not self.sharded and all(g.local for g in self.replica_groups)
         # kernel -> (its DenseReplicas, index) where the optimizer state lives there, in pieces (sharded updates)
         self._state_owner = {id(k): (g.dense, i) for g in self.replica_groups if g.dense and g.dense.sharded
                              for i, k in enumerate(g.kernels)}
@@ -200,7 +200,8 @@ class _ShardedCollection(nn.Module):
         waits for it and raises, as every rank does on reading the header); with hot rows, the batch the inner
         tables see (hot ids moved to their replicas) and the split."""
         batch, error = check_batch(features, self.hot or self.routing, self.weighted, self.where)
-        header = start_header([batch.batch_size if batch else 0], error, pg, self.device)
+        # all look-ups local: no rank needs another's batch size, only to know that none failed
+        header = start_header(None if self.all_local else batch.batch_size if batch else 0, error, pg, self.device)
         if batch is None:
             header.result()  # raises
         assert batch is not None
@@ -246,7 +247,7 @@ class _ShardedCollection(nn.Module):
         data-parallel kernels' look-ups per replica group, the batch sizes). The look-ups run after the all-to-all, so
         that backward reaches them before its backward (autograd runs the later of two ready nodes first): their
         gradient all-reduce starts before it and overlaps it and the sharded tables' backward. Without sharded
-        tables they run before the batch-size header is read, in flight meanwhile."""
+        tables they run before the header is read, in flight meanwhile."""
         if self.sharded:
             batch_sizes = self._batch_sizes(d)
             with self._phase("output_dist"):
@@ -259,13 +260,15 @@ class _ShardedCollection(nn.Module):
         with self._phase("lookup"):
             return [g.dense(x) if g.dense else self._look_up(g.kernels, x) for g, x in zip(self.replica_groups, d.replicated)]
 
-    def _batch_sizes(self, d: Distributed) -> tuple[int, ...]:
+    def _batch_sizes(self, d: Distributed) -> tuple[int, ...] | None:
         with self._phase("input_dist"):
             return d.batch_sizes  # raises on a bad batch (every rank does)
 
-    def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]], batch_sizes: tuple[int, ...]) -> Tensor | None:
+    def _replica_rows(self, replicated: list[Received], replica_outs: list[list[Tensor]],
+                      batch_sizes: tuple[int, ...] | None) -> Tensor | None:
         """This rank's rows of the data-parallel features, replica groups side by side (pooled: [B, width],
-        columns; sequence: flat). Replicated look-ups computed every rank's rows: keep this rank's."""
+        columns; sequence: flat). Replicated look-ups computed every rank's rows: keep this rank's (``batch_sizes``:
+        None where all look-ups are local)."""
         parts = []
         for group, x, outs in zip(self.replica_groups, replicated, replica_outs):
             if self.pooled:

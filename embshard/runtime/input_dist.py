@@ -1,7 +1,7 @@
 """Input dist: ship each slot's ids to the rank holding its shard and hand every local
 kernel its ids in FBGEMM's layout.
 
-Per step and collection, after the header all-gather (batch sizes and a failure flag, see
+Per step and collection, after the header (batch sizes and a failure flag, see
 comm.py): two all-to-alls, lengths of every slot, then ids (per-id weights travel in the
 same message, bit-packed next to the ids). Pooled kernels see their slots
 feature-major, each with the bags of all ranks in rank order (B_global = sum of batch
@@ -46,21 +46,16 @@ class Received:
 class Distributed:
     """One collection's input dist of one batch: what its lookups and output dist start from."""
     batch: Batch
-    header: Header  # every rank's batch size (read: `batch_sizes`)
+    header: Header  # every rank's batch size, or failure alone (read: `batch_sizes`)
     received: Received | None  # None: no sharded table
     replicated: list[Received]  # per replica group (one per data-parallel mode); [] without data-parallel tables
     split: SplitBatch | None = None  # with hot-row replication: how to join the outputs back
 
     @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        """Every rank's batch size: waits for the header if it is still in flight; ValueError on every rank if a
-        rank's batch was bad."""
-        return header_batch_sizes(self.header)
-
-
-def header_batch_sizes(header: Header) -> tuple[int, ...]:
-    """Every rank's batch size from the header (`embshard.runtime.comm.start_header`), waiting for it."""
-    return tuple(header.result()[:, 0].tolist())
+    def batch_sizes(self) -> tuple[int, ...] | None:
+        """Every rank's batch size (None: a collection whose look-ups are all local agrees on failure alone): waits
+        for the header if it is still in flight; ValueError on every rank if a rank's batch was bad."""
+        return self.header.result()
 
 
 def _cumsum0(x: Tensor) -> Tensor:
@@ -94,7 +89,8 @@ class InputDist:
         ``header`` (every rank's batch size) is in flight."""
         r, W, pg = self.routing, self.routing.world_size, pg or self.pg
         send = self.cutter.cut(batch)
-        B, batch_sizes = batch.batch_size, header_batch_sizes(header)
+        B, batch_sizes = batch.batch_size, header.result()
+        assert batch_sizes is not None, "input dist needs every rank's batch size"
         lengths = all_to_all(send.lengths_QB, [self.num_local_slots * b for b in batch_sizes],
                              [n * B for n in self.slots_per_rank], pg)
         sent_per_slot = send.lengths_QB.view(-1, B).sum(1) if B else send.lengths_QB.new_zeros(len(r.send_slots))

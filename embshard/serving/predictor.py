@@ -27,7 +27,7 @@ from embshard.models.config import TARGET_FEATURE
 from embshard.models.dlrm import DLRM
 from embshard.runtime.apply import apply_embedding_sharding
 from embshard.runtime.collection import ShardedEmbeddingBagCollection, ShardedEmbeddingCollection
-from embshard.runtime.comm import gather_header
+from embshard.runtime.comm import start_header
 from embshard.runtime.hot_rows import HOT
 from embshard.serving.artifact import (DENSE_FILE, ArtifactError, ModelInfo, rank_blocks, rank_file, read_hot_ids,
                                        read_manifest, read_model, read_plan, read_tensors)
@@ -142,7 +142,7 @@ class Predictor:
 
     def _agree(self, error: str | None) -> None:
         """Raise ValueError on every rank if any rank's input is bad, so none is left inside a collective."""
-        gather_header([], error, self.pg, self.device)
+        start_header(None, error, self.pg, self.device).result()
 
 
 def merge_rank_errors(errors: list[str | None]) -> str:

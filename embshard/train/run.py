@@ -16,7 +16,8 @@ from embshard.launch.lost_ranks import Peers
 
 
 def run_rank(settings: TrainSettings, config_yaml: str, fail: Callable[..., None]) -> None:
-    # The runtime's header gather uses all_gather_into_tensor, which torch 2.13 flags as deprecated.
+    # The runtime's headers gather with all_gather_into_tensor (at start, and where batch sizes differ), which torch
+    # 2.13 flags as deprecated.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated.*", category=FutureWarning)
     # torchmetrics 1.0's gather of uneven shards (the eval set's last batches) indexes in a way torch 2.13 flags.
     warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import rt_bad_input  # noqa: E402
+import rt_header  # noqa: E402
 import rt_hot_rows  # noqa: E402
 import rt_inference  # noqa: E402
 import rt_local_only  # noqa: E402
@@ -31,7 +32,7 @@ COLLECTIVE_TIMEOUT_S = 60
 
 
 def all_case_functions(world_size: int) -> dict:
-    return {**rt_training.training_cases(world_size), **rt_bad_input.cases(world_size), **rt_model.cases(world_size),
+    return {**rt_training.training_cases(world_size), **rt_bad_input.cases(world_size), **rt_header.cases(world_size), **rt_model.cases(world_size),
             **rt_inference.cases(world_size), **rt_traffic.cases(world_size), **rt_hot_rows.cases(world_size),
             **rt_sharded_update.cases(world_size), **rt_local_only.cases(world_size)}
 

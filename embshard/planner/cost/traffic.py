@@ -3,8 +3,8 @@ into intra-host and inter-host links: what the runtime's counter (`embshard.runt
 counts, predicted from a placement.
 
 Counted: input dist (lengths and ids), output dist (embeddings, and their gradients in
-backward) and the data-parallel all-reduce; not the per-step header all-gather (batch
-sizes and a failure flag). Assumes what the plan assumes: B = batch_size_per_rank samples
+backward) and the data-parallel all-reduce; not the per-step header (batch
+sizes and a failure flag, a few bytes). Assumes what the plan assumes: B = batch_size_per_rank samples
 on every rank, every bag exactly pooling_factor ids long (so P must be a whole number for
 the counts to be whole), and a row shard with n of N rows receiving exactly n/N of each
 rank's ids of a feature, unweighted (per-id weights double the id bytes).
