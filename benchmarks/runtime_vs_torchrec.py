@@ -8,9 +8,9 @@ data_parallel, mixed; sequence: table_wise, row_wise, column_wise, mixed) both r
 forward + backward + fused optimizer update (rowwise_adagrad) on the same batches; the plan
 goes to TorchRec through `embshard.interop.torchrec.to_torchrec_plan`. Data-parallel tables
 are updated by embshard's fused replica kernel and, in TorchRec, by DDP + torchrec's dense
-RowWiseAdagrad. Steps of the two runtimes alternate (embshard, TorchRec, TorchRec,
-embshard, ...), each timed between barriers on rank 0; medians over STEPS steps count, so
-both see the same background load.
+RowWiseAdagrad. Steps of the configurations take turns, in a new seeded order each round (a rotation of one
+order would keep each configuration's predecessor, and what it leaves behind, the same), each timed between
+barriers on rank 0; medians over STEPS steps count, so all see the same background load.
 
 Each runtime also runs pipelined: embshard's `InputPipeline` (embshard.runtime.pipeline: the next
 batch's input dist on a side thread) and TorchRec's `TrainPipelineSparseDist` (it runs on CPU);
@@ -35,6 +35,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import statistics
 from collections import Counter
 import sys
@@ -277,8 +278,9 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int,
             step()
     seconds: dict[str, list[float]] = {c: [] for c in configs}
     phases = []
-    for i in range(options.steps):  # the configurations in another order each step
-        for config in configs[i % len(configs):] + configs[:i % len(configs)]:
+    order = random.Random(0)  # the same orders on every rank
+    for _ in range(options.steps):  # the configurations in a new order each round: each follows each other about as often
+        for config in order.sample(configs, len(configs)):
             timer.reset()
             seconds[config].append(timed(steps[config], pg))
             if config == "embshard":
@@ -344,7 +346,8 @@ def markdown(results: list[dict], meta: dict) -> str:
         f"Tables: {len(POOLED)} pooled ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in POOLED)}), "
         f"{len(SEQUENCE)} sequence ({', '.join(f'{s.num_embeddings:,}x{s.embedding_dim} pf {s.pooling_factor:g}' for s in SEQUENCE)}); "
         "rowwise_adagrad everywhere. Step = forward + backward + fused update; samples/s counts all ranks; "
-        f"medians of {meta['steps']} steps per configuration, the four configurations' steps alternating: embshard "
+        f"medians of {meta['steps']} steps per configuration, the configurations' steps taking turns in a new (seeded) order "
+        "each round: embshard "
         "plain and pipelined (`InputPipeline`: the next batch's input dist on a side thread), TorchRec's DMP step and "
         "its `TrainPipelineSparseDist` (it runs on CPU: without CUDA streams it issues the next batch's input dist "
         "before this one's forward). Speed-up: the faster TorchRec configuration's step time / embshard's; spread: the "
