@@ -37,12 +37,17 @@ def write_keeping_section(path: Path, text: str, name: str) -> None:
     path.write_text(text.rstrip() + "\n\n" + kept + "\n" if kept else text)
 
 
-def commit_label(paths: Sequence[str] = ()) -> str:
-    """The checkout's short commit, with "(uncommitted changes)" where tracked files (those under ``paths``, folders
-    from the repository's root, if given) differ from it: what a results file names as the code it measured."""
-    done = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no", "--",
-                            *(f":(top){p}" for p in paths)], capture_output=True, text=True)
+RESULTS = "benchmarks/results"  # what benchmarks write, not code: a results file changed by a run leaves the label clean
+
+
+def commit_label(paths: Sequence[str] = (), root: Path = HERE) -> str:
+    """The short commit of the checkout at ``root``, with "(uncommitted changes)" where tracked files (those under
+    ``paths``, folders from the repository's root, if given; never those under RESULTS) differ from it: what a results
+    file names as the code it measured."""
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                            *(f":(top){p}" for p in paths), f":(top,exclude){RESULTS}"],
+                           capture_output=True, text=True)
     where = f" under {', '.join(paths)}" if paths else ""
     return (done.stdout.strip() or "unknown") + (f" (uncommitted changes{where})" if dirty.stdout.strip() else "")
 
