@@ -5,8 +5,9 @@
 Each rank passes its own slice of the batch. Forward: validate locally, agree on batch
 sizes (and on failure: every rank raises the same ValueError), input dist, rank-local
 fused lookups, output dist (a collection whose look-ups are all local, data-parallel tables
-trained by an all-reduce, has neither: it agrees on failure alone, a header in flight during its look-ups). Backward: gradients go back the same way and the fused
-optimizer updates every shard inside backward; nothing to call afterwards.
+trained by an all-reduce, has neither: it agrees on failure alone, a header in flight during its
+look-ups). Backward: gradients go back the same way and the fused optimizer updates every shard
+inside backward; nothing to call afterwards.
 
 Gradient semantics: each rank's loss covers its slice; shards are updated with the
 gradient of the *mean* of the ranks' losses, i.e. the unsharded collection fed the

@@ -255,10 +255,10 @@ class Header:
     or 2 elements costs a fraction of one of 3 or more, or of an all-gather (measured, 4 ranks sharing 2 cores, wall /
     CPU per call: all-gather of 2 int64 3.7-4.0 / 1.4-1.5 ms; all-reduce of 1 int64 0.9-1.2 / 0.2 ms, of 2 1.0-1.35 /
     0.23-0.34 ms, of 3 to 65,536 elements 2.7-6 / 1-2.2 ms; 2 ranks: all-gather 0.73-0.86 ms, all-reduce of 1 or 2
-    0.30-0.58 ms). So: ``value`` None, a MAX all-reduce of the failure flag; else a MAX all-reduce of (value, or FAILED, and
-    -value), which gives every rank's value where all are equal (a batch of fixed size per rank, the common case)
-    and is followed by an all-gather of the values where they differ; where they differed the last time on
-    ``pg`` (serving's batches of requests), the all-gather of (flag, value) right away."""
+    0.30-0.58 ms). So: ``value`` None, a MAX all-reduce of the failure flag; else a MAX all-reduce of (value, or
+    FAILED, and -value), which gives every rank's value where all are equal (a batch of fixed size per rank, the
+    common case) and is followed by an all-gather of the values where they differ; where they differed the last
+    time on ``pg`` (serving's batches of requests), the all-gather of (flag, value) right away."""
 
     def __init__(self, value: int | None, error: str | None, pg: dist.ProcessGroup, device: torch.device) -> None:
         assert value is None or 0 <= value < FAILED, value
