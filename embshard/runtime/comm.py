@@ -266,9 +266,7 @@ class Header:
         self.gather = value is not None and _sizes_differed.get(pg, False)
         failed = error is not None
         if self.gather:
-            local = torch.tensor([int(failed), value], dtype=torch.int64, device=device)
-            self.buffer = local.new_empty(self.world * 2)
-            self.work = dist.all_gather_into_tensor(self.buffer, local, group=pg, async_op=True)
+            self.buffer, self.work = _start_gather([value], error, pg, device)
         else:
             flags = [int(failed)] if value is None else [FAILED, 0] if failed else [value, -value]
             self.buffer = torch.tensor(flags, dtype=torch.int64, device=device)
@@ -285,27 +283,22 @@ class Header:
 
     def _agreed(self) -> tuple[int, ...] | None:
         if self.gather:
-            rows = self.buffer.view(self.world, 2).tolist()
-            if any(failed for failed, _ in rows):
-                raise_on_every_rank(self.error, self.pg)
-            values = tuple(value for _, value in rows)
+            values = tuple(_gathered(self.buffer, 1, self.error, self.pg)[:, 0].tolist())
         else:
             agreed = self.buffer.tolist()
             if agreed[0] >= (1 if self.value is None else FAILED):
-                raise_on_every_rank(self.error, self.pg)
+                _raise_on_every_rank(self.error, self.pg)
             if self.value is None:
                 return None
             if agreed[0] == -agreed[1]:  # max == min: every rank's value
                 values = (agreed[0],) * self.world
             else:
-                gathered = self.buffer.new_empty(self.world)
-                dist.all_gather_into_tensor(gathered, self.buffer.new_tensor([self.value]), group=self.pg)
-                values = tuple(gathered.tolist())
+                values = tuple(gather_header([self.value], None, self.pg, self.buffer.device)[:, 0].tolist())
         _sizes_differed[self.pg] = len(set(values)) > 1
         return values
 
 
-def raise_on_every_rank(error: str | None, pg: dist.ProcessGroup) -> None:
+def _raise_on_every_rank(error: str | None, pg: dist.ProcessGroup) -> None:
     """Every rank calls it once the ranks agreed that one failed: the ValueError naming each failed rank's error."""
     messages: list[str | None] = [None] * dist.get_world_size(pg)
     dist.all_gather_object(messages, error, group=pg)
@@ -326,10 +319,23 @@ def start_header(value: int | None, error: str | None, pg: dist.ProcessGroup, de
 def gather_header(values: Sequence[int], error: str | None, pg: dist.ProcessGroup, device: torch.device) -> Tensor:
     """Every rank's ``values`` (a few ints: [world_size, len(values)] int64) and a failure flag, all-gathered at
     once: ValueError on every rank if any rank passed an error. Per step, `start_header` costs fewer messages."""
+    gathered, work = _start_gather(values, error, pg, device)
+    work.wait()
+    return _gathered(gathered, len(values), error, pg)
+
+
+def _start_gather(values: Sequence[int], error: str | None, pg: dist.ProcessGroup,
+                  device: torch.device) -> tuple[Tensor, dist.Work]:
+    """Start the all-gather of (failure flag, *values) from every rank: (its buffer, its work)."""
     local = torch.tensor([int(error is not None), *values], dtype=torch.int64, device=device)
     gathered = local.new_empty(dist.get_world_size(pg) * local.numel())
-    dist.all_gather_into_tensor(gathered, local, group=pg)
-    rows = gathered.view(-1, local.numel())
+    return gathered, dist.all_gather_into_tensor(gathered, local, group=pg, async_op=True)
+
+
+def _gathered(gathered: Tensor, num_values: int, error: str | None, pg: dist.ProcessGroup) -> Tensor:
+    """The landed all-gather of `_start_gather`: every rank's values [world_size, num_values], or ValueError on
+    every rank if any rank passed an error."""
+    rows = gathered.view(-1, 1 + num_values)
     if bool(rows[:, 0].any()):
-        raise_on_every_rank(error, pg)
+        _raise_on_every_rank(error, pg)
     return rows[:, 1:]
