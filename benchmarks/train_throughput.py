@@ -12,7 +12,8 @@ implementation as embshard's trainer builds it). TorchRec:
 `torchrec.models.dlrm.DLRM` (or DLRM_DCN) with fused EXACT_ROWWISE_ADAGRAD, data-parallel
 tables under DDP with torchrec's RowWiseAdagrad, the same fused Adagrad for the MLPs. A step is forward, BCE
 loss, backward (fused table updates) and the dense optimizer step. Each case runs ROUNDS
-rounds of ITERS steps of each configuration below, alternating; the median round of each
+rounds of ITERS steps of each configuration below, taking turns in a new seeded order each round (a
+rotation of one order would keep each configuration's predecessor the same); the median round of each
 counts. (The best round favoured whichever side had more configurations: the faster of TorchRec's two
 took the best of 10 rounds against embshard's 5, and on 2 cores a lucky round runs 15-25% under the
 median: DLRM-v2's TorchRec pipeline once took 92.8 ms where its other rounds took 101 to 128 ms.) Besides wall-clock samples/s it
@@ -42,6 +43,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import sys
 import tempfile
 import time
@@ -239,8 +241,9 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
     steps = dict(zip(CONFIGS, (ours, ours_pipelined, theirs, theirs_pipelined)))
     runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
-    for round_ in range(options.rounds):  # alternating, each round in another order
-        for config in CONFIGS[round_ % 4:] + CONFIGS[:round_ % 4]:
+    order = random.Random(0)  # the same orders on every rank
+    for _ in range(options.rounds):  # a new order each round: each configuration follows each other about as often
+        for config in order.sample(CONFIGS, len(CONFIGS)):
             runs[config].append(measure(steps[config], pg, options.iters, options.warmup))
     pipeline.close()
     samples = batch * world
@@ -292,7 +295,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
         "input dist of the next batch is issued before this one's forward). "
         f"Each case ran {repeats} times; each time, the median of {meta['rounds']} rounds of {meta['iters']} steps (after "
-        f"{meta['warmup']} warmup steps each), the four configurations alternating. Samples/s count all ranks (median over "
+        f"{meta['warmup']} warmup steps each), the four configurations taking turns in a new seeded order each round. Samples/s count all ranks (median over "
         "the repeats); samples per CPU-second divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec "
         "configuration (by wall clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
         "Spread: the slowest and fastest round (samples/s, every repeat) of embshard plain and of the faster TorchRec "
