@@ -27,6 +27,10 @@ share this machine's cores, and TorchRec's data-parallel step all-reduces whole 
 so the results give each configuration's step-time spread too; they go into their own section of the
 results file (``<!-- hosts:start -->``, which a one-host run keeps).
 ``--quick``: the two mixed cases, tiny batch, one step: a check that it runs, printed only.
+
+``--malloc default``: the ranks run glibc's malloc at its default settings. By default they keep freed memory
+(`local_ranks.MALLOC_TUNABLES`): with glibc's defaults, TorchRec's DLRM-v2 step on this VM took 2,000-3,000 page faults
+and 14-20% longer (embshard's took 0-50), so the peer ran below its best.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES
 from embshard.emulated_hosts import EmulationUnavailable
-from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
+from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks
 from profiles import profile_sentence, profile_topology
 from sections import commit_label, load_average, write_results
 
@@ -339,7 +343,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         title,
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, gloo, {where} "
-        f"(1 thread each), batch {batch:,} per rank. Command: `{meta['command']}`. Commit: {meta['commit']}. "
+        f"(1 thread each, {malloc_sentence(meta['malloc'])}), batch {batch:,} per rank. Command: `{meta['command']}`. Commit: {meta['commit']}. "
         f"Load average (1, 5, 15 min) before / after: {meta['load'][0]} / {meta['load'][1]} (its own {world} ranks count up "
         f"to {world}).",
         "",
@@ -425,6 +429,7 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu_gloo_measured",
                         help="topology profile that prices the plans (each data-parallel table's mode); none: datasheet terms")
     add_hosts_arguments(parser)
+    add_malloc_argument(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
@@ -443,11 +448,12 @@ def main() -> None:
         shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), "--only", run["only"], "--steps", str(run["steps"]),
                                        "--warmup", str(run["warmup"]), "--batch", str(run["batch"]), "--profile", args.profile,
                                        *(["--dp-modes"] if args.dp_modes else [])],
-                            hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit, delay_ms=hosts.delay_ms)
+                            hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit, delay_ms=hosts.delay_ms,
+                            env=malloc_env(args.malloc))
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
     meta = {"hosts": hosts, "shaping": shaping, "steps": run["steps"], "batch": run["batch"], "profile": args.profile,
-            "quick": args.quick, "commit": commit, "load": (load_before, load_average()),
+            "quick": args.quick, "malloc": args.malloc, "commit": commit, "load": (load_before, load_average()),
             "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)
     write_results(args.out, text, Path("benchmarks/results/runtime.md"), hosts, args.quick, TITLE)

@@ -35,6 +35,10 @@ each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has 
 spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
 one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
 round of two steps: a check that it runs, printed only.
+
+``--malloc default``: the ranks run glibc's malloc at its default settings. By default they keep freed memory
+(`local_ranks.MALLOC_TUNABLES`): with glibc's defaults, TorchRec's DLRM-v2 step on this VM took 2,000-3,000 page faults
+and 14-20% longer (embshard's took 0-50), so the peer ran below its best.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from statistics import median
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from local_ranks import Hosts, add_hosts_arguments, hosts_of, init_rank, run_ranks
+from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks
 from profiles import profile_sentence, profile_topology
 from sections import commit_label, load_average, write_results
 
@@ -284,7 +288,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         title,
         "",
         f"Date: {DATE}. Machine: {cpu_model()}, {os.cpu_count()} cores, {where}, "
-        f"torch {torch.__version__}, TorchRec 1.8.0, FBGEMM CPU 1.8.0.",
+        f"torch {torch.__version__}, TorchRec 1.8.0, FBGEMM CPU 1.8.0, {malloc_sentence(meta['malloc'])}.",
         f"Command: `{meta['command']}`. Commit: {meta['commit']}. Load average (1, 5, 15 min) before / after the run: "
         f"{meta['load'][0]} / {meta['load'][1]}.",
         "",
@@ -355,6 +359,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one case, batch 128, one round of 2 steps: a check (printed only)")
     parser.add_argument("--profile", default="cpu_gloo_measured", help="topology profile the planner plans with; none: datasheet terms")
     add_hosts_arguments(parser)
+    add_malloc_argument(parser)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
@@ -375,11 +380,11 @@ def main() -> None:
     try:
         shaping = run_ranks(__file__, ["--worker", "--json", str(json_path), *(f"--{k}={v}" for k, v in run.items())],
                             hosts=hosts.hosts, ranks_per_host=hosts.ranks_per_host, link_gbit=hosts.link_gbit,
-                            delay_ms=hosts.delay_ms, env={"PYTHONPATH": str(ROOT)})
+                            delay_ms=hosts.delay_ms, env={"PYTHONPATH": str(ROOT), **malloc_env(args.malloc)})
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
     meta = {"hosts": hosts, "shaping": shaping, "warmup": run["warmup"], "iters": run["iters"], "rounds": run["rounds"],
-            "profile": args.profile, "quick": args.quick, "commit": commit, "load": (load_before, load_average()),
+            "profile": args.profile, "quick": args.quick, "malloc": args.malloc, "commit": commit, "load": (load_before, load_average()),
             "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)
     write_results(args.out, text, out, hosts, args.quick, TITLE)

@@ -92,6 +92,14 @@ def settings_of(module, local_ranks, *argv: str) -> dict:
     return module.settings(args, local_ranks.hosts_of(args, 2))
 
 
+def test_the_ranks_malloc_keeps_freed_memory_unless_told(local_ranks):
+    parser = argparse.ArgumentParser()
+    local_ranks.add_malloc_argument(parser)
+    assert local_ranks.malloc_env(parser.parse_args([]).malloc) == {"GLIBC_TUNABLES": local_ranks.MALLOC_TUNABLES}
+    assert local_ranks.malloc_env(parser.parse_args(["--malloc", "default"]).malloc) == {}
+    assert local_ranks.MALLOC_TUNABLES == "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
+
 def test_emulated_hosts_run_fewer_steps_at_a_smaller_batch_unless_told(runtime, train, local_ranks):
     assert settings_of(runtime, local_ranks) == {"only": "", "steps": 16, "warmup": 2, "batch": 2048}
     assert settings_of(runtime, local_ranks, "--hosts", "2") == {"only": "", "steps": 3, "warmup": 1, "batch": 512}
@@ -115,7 +123,7 @@ def runtime_result(case: str, embshard_s: float, torchrec_s: float, torchrec_pip
 def test_runtime_report_on_emulated_hosts_names_the_cluster_and_links_and_compares_with_the_faster_torchrec(runtime, local_ranks):
     results = [runtime_result("pooled table_wise", 0.1, 0.2, 0.4), runtime_result("sequence mixed", 0.2, 0.3, 0.1)]
     meta = {"hosts": local_ranks.Hosts(2, 2, 2.0, 0.1), "shaping": SHAPING, "steps": 3, "batch": 512,
-            "profile": "none", "quick": False, "command": "sudo cmd --hosts 2", "commit": "abc1234",
+            "profile": "none", "quick": False, "malloc": "kept", "command": "sudo cmd --hosts 2", "commit": "abc1234",
             "load": ("0.50 0.40 0.30", "3.90 2.10 1.00")}
     text = runtime.markdown(results, meta)
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 2 Gbit/s inter-host links\n")
@@ -130,7 +138,10 @@ def test_runtime_report_on_emulated_hosts_names_the_cluster_and_links_and_compar
     assert "geometric mean 1.00x, min 0.50x, max 2.00x over 2 cases" in text
     assert "Where the time goes" not in text  # the one-host section's paragraph
     one_host = runtime.markdown(results, {**meta, "hosts": local_ranks.Hosts(1, 2)})
-    assert one_host.startswith(runtime.TITLE + "\n") and "2 ranks on CPU (1 thread each), batch 512" in one_host
+    assert one_host.startswith(runtime.TITLE + "\n")
+    assert f"2 ranks on CPU (1 thread each, glibc malloc keeping freed memory (GLIBC_TUNABLES={local_ranks.MALLOC_TUNABLES}" in one_host
+    default = runtime.markdown(results, {**meta, "malloc": "default"})
+    assert "(1 thread each, glibc malloc at its default settings), batch 512" in default
 
 
 def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(train, local_ranks):
@@ -139,10 +150,11 @@ def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(trai
               **{f"{c}_samples_per_s": max(x) for c, x in rates.items()}, **{f"{c}_samples_per_cpu_s": max(x) for c, x in rates.items()},
               **{f"{c}_rounds_samples_per_s": x for c, x in rates.items()}}
     meta = {"hosts": train.Hosts(2, 2, 1.0, 0.1), "shaping": SHAPING, "warmup": 2, "iters": 6, "rounds": 3, "profile": "none",
-            "quick": True, "command": "sudo cmd", "commit": "abc1234 (uncommitted changes)", "load": ("0.50 0.40 0.30", "2.00 1.00 0.50")}
+            "quick": True, "malloc": "default", "command": "sudo cmd", "commit": "abc1234 (uncommitted changes)", "load": ("0.50 0.40 0.30", "2.00 1.00 0.50")}
     text = train.markdown([result], meta)
     assert "Commit: abc1234 (uncommitted changes). Load average (1, 5, 15 min) before / after the run: 0.50 0.40 0.30 / 2.00 1.00 0.50." in text
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 1 Gbit/s inter-host links (QUICK")
+    assert "FBGEMM CPU 1.8.0, glibc malloc at its default settings." in text
     assert f"inter-host links: {SHAPING})" in text and "the median of 3 rounds of 6 steps (after 2 warmup steps each)" in text
     row = next(line for line in text.splitlines() if line.startswith("| DLRM"))
     assert row == ("| DLRM dot, batch 512 | table_wise 26 | 2.0 | 1,000 | 1,100 | 800 | 850 | 1.18x [1.18, 1.18] | 1.29x [1.29, 1.29] "
