@@ -50,7 +50,7 @@ DEFAULT_HOSTS = Hosts(2, 2)  # the multi-host mode's cluster: 2 hosts x 2 ranks,
 
 # glibc malloc that keeps freed memory: a fixed mmap threshold (32 MiB, glibc's most) and no trimming of the heap. With
 # glibc's defaults, a TorchRec DLRM-v2 step on this VM took 2,000-3,000 page faults (fresh pages of freed and
-# re-allocated buffers; embshard's took 0-50) and 14-20% longer; with these settings neither takes any. Both runtimes of
+# re-allocated buffers; embshard's took 0-50) and 17-23% longer; with these settings neither takes any. Both runtimes of
 # a benchmark share its processes, so both get the same allocator.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 
