@@ -28,9 +28,8 @@ so the results give each configuration's step-time spread too; they go into thei
 results file (``<!-- hosts:start -->``, which a one-host run keeps).
 ``--quick``: the two mixed cases, tiny batch, one step: a check that it runs, printed only.
 
-``--malloc default``: the ranks run glibc's malloc at its default settings. By default they keep freed memory
-(`local_ranks.MALLOC_TUNABLES`): with glibc's defaults, TorchRec's DLRM-v2 step on this VM took 2,000-3,000 page faults
-and 17-23% longer (embshard's took 0-50), so the peer ran below its best.
+``--malloc default``: the ranks run glibc's malloc at its default settings; by default they keep freed memory
+(`local_ranks.MALLOC_TUNABLES`, which says why: with glibc's defaults the peer ran below its best).
 """
 
 from __future__ import annotations

@@ -36,9 +36,8 @@ spread; the results go into their own section of the results file (``<!-- hosts:
 one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
 round of two steps: a check that it runs, printed only.
 
-``--malloc default``: the ranks run glibc's malloc at its default settings. By default they keep freed memory
-(`local_ranks.MALLOC_TUNABLES`): with glibc's defaults, TorchRec's DLRM-v2 step on this VM took 2,000-3,000 page faults
-and 17-23% longer (embshard's took 0-50), so the peer ran below its best.
+``--malloc default``: the ranks run glibc's malloc at its default settings; by default they keep freed memory
+(`local_ranks.MALLOC_TUNABLES`, which says why: with glibc's defaults the peer ran below its best).
 """
 
 from __future__ import annotations
