@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import random
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch.distributed as dist
 
@@ -46,6 +47,14 @@ class Hosts:
 
 
 DEFAULT_HOSTS = Hosts(2, 2)  # the multi-host mode's cluster: 2 hosts x 2 ranks, 2 Gbit/s links, 0.1 ms
+
+
+def turns(configs: Sequence[str], rounds: int) -> Iterator[str]:
+    """``configs`` taking turns for ``rounds`` rounds, each round in a new order (seeded: the same on every rank), so
+    each configuration follows each other about as often (a rotation of one order keeps its predecessor the same)."""
+    order = random.Random(0)
+    for _ in range(rounds):
+        yield from order.sample(list(configs), len(configs))
 
 
 # glibc malloc that keeps freed memory: a fixed mmap threshold (32 MiB, glibc's most) and no trimming of the heap. With

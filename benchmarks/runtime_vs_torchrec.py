@@ -38,7 +38,6 @@ import argparse
 import itertools
 import json
 import os
-import random
 import statistics
 from collections import Counter
 import sys
@@ -64,7 +63,7 @@ from embshard.runtime.timing import PhaseTimer
 from embshard.specs import TableSpec
 from embshard.topology import DATA_PARALLEL_MODES
 from embshard.emulated_hosts import EmulationUnavailable
-from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks
+from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks, turns
 from profiles import profile_sentence, profile_topology
 from sections import commit_label, load_average, write_results
 
@@ -281,13 +280,11 @@ def run_case(name: str, specs: list[TableSpec], layout: dict, pg, per_host: int,
             step()
     seconds: dict[str, list[float]] = {c: [] for c in configs}
     phases = []
-    order = random.Random(0)  # the same orders on every rank
-    for _ in range(options.steps):  # the configurations in a new order each round: each follows each other about as often
-        for config in order.sample(configs, len(configs)):
-            timer.reset()
-            seconds[config].append(timed(steps[config], pg))
-            if config == "embshard":
-                phases.append(dict(timer.seconds))
+    for config in turns(configs, options.steps):
+        timer.reset()
+        seconds[config].append(timed(steps[config], pg))
+        if config == "embshard":
+            phases.append(dict(timer.seconds))
     ours_pipeline.close()
     out = {"case": name, **{f"{c}_s": statistics.median(seconds[c]) for c in configs},
            "range_s": {c: [min(seconds[c]), max(seconds[c])] for c in configs},

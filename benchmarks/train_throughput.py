@@ -46,7 +46,6 @@ import argparse
 import itertools
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ from statistics import median
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks
+from local_ranks import Hosts, add_hosts_arguments, add_malloc_argument, hosts_of, init_rank, malloc_env, malloc_sentence, run_ranks, turns
 from profiles import profile_sentence, profile_topology
 from sections import commit_label, load_average, write_results
 
@@ -244,10 +243,8 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     theirs, theirs_pipelined = torchrec_steps(specs, plan, pg, interaction, bottom, top, batches)
     steps = dict(zip(CONFIGS, (ours, ours_pipelined, theirs, theirs_pipelined)))
     runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
-    order = random.Random(0)  # the same orders on every rank
-    for _ in range(options.rounds):  # a new order each round: each configuration follows each other about as often
-        for config in order.sample(CONFIGS, len(CONFIGS)):
-            runs[config].append(measure(steps[config], pg, options.iters, options.warmup))
+    for config in turns(CONFIGS, options.rounds):
+        runs[config].append(measure(steps[config], pg, options.iters, options.warmup))
     pipeline.close()
     samples = batch * world
     return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan), "load_average": os.getloadavg()[0],

@@ -92,6 +92,14 @@ def settings_of(module, local_ranks, *argv: str) -> dict:
     return module.settings(args, local_ranks.hosts_of(args, 2))
 
 
+def test_configurations_take_turns_in_a_new_seeded_order_each_round(local_ranks):
+    configs = ("a", "b", "c", "d")
+    seen = list(local_ranks.turns(configs, 6))
+    rounds = [tuple(seen[i:i + 4]) for i in range(0, len(seen), 4)]
+    assert len(rounds) == 6 and all(sorted(r) == list(configs) for r in rounds)
+    assert len(set(rounds)) > 1 and list(local_ranks.turns(configs, 6)) == seen  # new orders, the same on every rank
+
+
 def test_the_ranks_malloc_keeps_freed_memory_unless_told(local_ranks):
     parser = argparse.ArgumentParser()
     local_ranks.add_malloc_argument(parser)
