@@ -56,9 +56,14 @@ def test_dot_interaction_equals_torchrec_dlrm() -> None:
         assert torch.allclose(a, t.grad - a, atol=1e-5)
 
 
-def test_cross_interaction_equals_torchrec_low_rank_crossnet() -> None:
+@pytest.mark.parametrize("num_layers, chunk_rows", [(2, None), (2, 2), (3, 1), (1, 4)])
+def test_cross_interaction_equals_torchrec_low_rank_crossnet(num_layers: int, chunk_rows: int | None) -> None:
+    """Whole (one block) or by blocks of chunk_rows samples, the last one short (5 samples): the same outputs and
+    gradients as TorchRec's module."""
     torch.manual_seed(0)
-    ours = CrossInteraction(12, num_layers=2, low_rank=3)
+    ours = CrossInteraction(12, num_layers=num_layers, low_rank=3)
+    if chunk_rows is not None:
+        ours.chunk_bytes = chunk_rows * 12 * 4
     dense, embeddings = torch.randn(5, 4, requires_grad=True), torch.randn(5, 8, requires_grad=True)
     weights = torch.randn(5, 12)
     grads = []
@@ -68,7 +73,7 @@ def test_cross_interaction_equals_torchrec_low_rank_crossnet() -> None:
         out = forward()
         (out * weights).sum().backward()
         grads.append([out.detach(), dense.grad, embeddings.grad, *(p.grad.clone() for p in ours.parameters())])
-    assert grads[0][1].abs().sum() > 0 and len(grads[0]) == 3 + 3 * 2
+    assert grads[0][1].abs().sum() > 0 and len(grads[0]) == 3 + 3 * num_layers
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-5)
 
