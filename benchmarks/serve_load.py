@@ -12,7 +12,9 @@ per rank. The reference is the same HTTP server and batcher over TorchRec's unsh
 `EmbeddingBagCollection`/`EmbeddingCollection` DLRM with the checkpoint's weights, in one
 process (how TorchRec serves); the ratio column divides by its requests/s at the same
 concurrency. All servers are up at once and the measurements alternate between them
-(``--repeats`` rounds, medians). The load generator runs on the same cores as the servers.
+(``--repeats`` rounds, medians). The load generator runs on the same cores as the servers. The servers (the reference
+and embshard's ranks alike) run glibc's malloc keeping freed memory, as the other benchmarks' ranks do
+(`local_ranks.MALLOC_TUNABLES`); ``--malloc default``: glibc's defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from local_ranks import add_malloc_argument, malloc_env, malloc_sentence
 from embshard.data.batch import NUM_DENSE, FeatureLayout
 from embshard.data.config import SyntheticConfig
 from embshard.data.synthetic import SyntheticSource
@@ -197,7 +200,8 @@ def markdown(rows: list[dict], args, run_dir: Path) -> str:
     lines = [
         "# embshard-serve under load (loopback)", "",
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: AMD EPYC, 2 cores shared with other work "
-        f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo. "
+        f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo; every "
+        f"server's processes: {malloc_sentence(args.malloc)}. "
         f"Command: `{' '.join(['.venv/bin/python benchmarks/serve_load.py', *sys.argv[1:]])}`.", "",
         f"Model: DLRM trained by `embshard-train {' '.join(TRAIN_ARGS)}` (tables=criteo_small: 26 tables up to "
         f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export`; "
@@ -241,10 +245,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.md")
     parser.add_argument("--reference-server", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
+    add_malloc_argument(parser)
     args = parser.parse_args()
     if args.reference_server:
         reference_server(args.reference_server, args.port_file)
         return
+    os.environ.update(malloc_env(args.malloc))  # every process started from here on: the servers (and training, export)
     tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
     run_dir = args.run
     if run_dir is None:
