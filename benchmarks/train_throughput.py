@@ -25,14 +25,14 @@ Each runtime runs two ways: embshard's plain step and its pipelined one (`embsha
 plain DMP step and its `TrainPipelineSparseDist` (the next batch's input dist overlapping this one's
 forward and backward; it runs on CPU). Ratios are each embshard step against the faster TorchRec one.
 
-    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~3 min
+    sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2          # ~8 min
     sudo .venv/bin/python benchmarks/train_throughput.py --hosts 2 --ranks-per-host 2 --link-gbit 2 --quick  # a check
 
 ``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H
 emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), the plan made for H x L ranks on H hosts,
-each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). One repeat of
-4 rounds of 8 steps (the H x L ranks share this machine's cores; ~3 min on 2 cores), with the rounds'
-spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
+each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). Three repeats of
+4 rounds of 8 steps (the H x L ranks share this machine's cores; ~8 min on 2 cores; one repeat moved DLRM-v2's
+ratios by 0.05-0.2 between runs), with the rounds' spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
 one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
 round of two steps: a check that it runs, printed only.
 
@@ -64,7 +64,7 @@ from embshard.machine import cpu_model
 
 RANKS_PER_HOST, LR_DENSE, LR_SPARSE, EPS = 2, 0.02, 0.05, 1e-8
 WARMUP, ITERS, ROUNDS, REPEATS, NUM_BATCHES = 3, 20, 5, 3, 4
-HOSTS = {"warmup": 2, "iters": 8, "rounds": 4, "repeats": 1}  # on emulated hosts: the full run within ~5 min on 2 cores
+HOSTS = {"warmup": 2, "iters": 8, "rounds": 4, "repeats": 3}  # on emulated hosts: fewer, shorter rounds (~8 min on 2 cores)
 QUICK = {"only": "batch 512", "batch": 128, "warmup": 1, "iters": 2, "rounds": 1, "repeats": 1}  # --quick: a check that it runs
 TITLE = "# Training throughput: embshard vs TorchRec DistributedModelParallel"
 DATE = time.strftime("%Y-%m-%d", time.gmtime())  # the day of the run
@@ -332,7 +332,7 @@ def markdown(results: list[dict], meta: dict) -> str:
 
 def settings(args: argparse.Namespace, hosts: Hosts) -> dict:
     """What the ranks run: only, batch (0: each case's own), warmup, iters, rounds and repeats (--quick's, else the
-    flags', else the mode's defaults: on emulated hosts fewer steps and one repeat); ValueError on bad values."""
+    flags', else the mode's defaults: on emulated hosts fewer steps); ValueError on bad values."""
     if args.quick:
         return dict(QUICK)
     defaults = HOSTS if hosts.emulated else {"warmup": WARMUP, "iters": ITERS, "rounds": ROUNDS, "repeats": REPEATS}

@@ -114,7 +114,7 @@ def test_emulated_hosts_run_fewer_steps_at_a_smaller_batch_unless_told(runtime, 
     assert settings_of(runtime, local_ranks, "--hosts", "2", "--steps", "7", "--batch", "64") == {"only": "", "steps": 7, "warmup": 1, "batch": 64}
     assert settings_of(runtime, local_ranks, "--hosts", "2", "--quick") == runtime.QUICK
     assert settings_of(train, local_ranks) == {"only": "", "batch": 0, "warmup": 3, "iters": 20, "rounds": 5, "repeats": 3}
-    assert settings_of(train, local_ranks, "--hosts", "2") == {"only": "", "batch": 0, "warmup": 2, "iters": 8, "rounds": 4, "repeats": 1}
+    assert settings_of(train, local_ranks, "--hosts", "2") == {"only": "", "batch": 0, "warmup": 2, "iters": 8, "rounds": 4, "repeats": 3}
     assert settings_of(train, local_ranks, "--hosts", "2", "--quick") == train.QUICK
     with pytest.raises(ValueError, match="--steps 3, --batch -1"):
         settings_of(runtime, local_ranks, "--hosts", "2", "--batch", "-1")
