@@ -32,9 +32,9 @@ forward and backward; it runs on CPU). Ratios are each embshard step against the
 emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), the plan made for H x L ranks on H hosts,
 each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). Three repeats of
 4 rounds of 8 steps (the H x L ranks share this machine's cores; ~8 min on 2 cores; one repeat moved DLRM-v2's
-ratios by 0.05-0.2 between runs), with the rounds' spread; the results go into their own section of the results file (``<!-- hosts:start -->``, which a
-one-host run keeps), their JSON next to it as train_hosts.json. ``--quick``: one case, tiny batch, one
-round of two steps: a check that it runs, printed only.
+ratios by 0.05-0.2 between runs), with the rounds' spread; the results go into their own section of the results
+file (``<!-- hosts:start -->``, which a one-host run keeps), their JSON next to it as train_hosts.json.
+``--quick``: one case, tiny batch, one round of two steps: a check that it runs, printed only.
 
 ``--malloc default``: the ranks run glibc's malloc at its default settings; by default they keep freed memory
 (`local_ranks.MALLOC_TUNABLES`, which says why: with glibc's defaults the peer ran below its best).
