@@ -77,7 +77,7 @@ class CrossInteraction(nn.Module):
         net = self.crossnet
         params = [p for layer in zip(net.V_kernels, net.W_kernels, net.bias) for p in layer]
         x0_BN = torch.cat([dense_BD, embeddings_BE], dim=1)
-        chunk_rows = max(1, self.chunk_bytes // (x0_BN.shape[1] * x0_BN.element_size()))
+        chunk_rows = self.chunk_bytes // (x0_BN.shape[1] * x0_BN.element_size())  # clamped to [1, B] by _LowRankCross
         return _LowRankCross.apply(chunk_rows, x0_BN, *params)
 
 
@@ -100,7 +100,8 @@ class _LowRankCross(torch.autograd.Function):
     def forward(ctx: Any, chunk_rows: int, x0_BN: Tensor, *params: Tensor) -> Tensor:
         x0_BN = x0_BN.contiguous()
         (B, N), L, R = x0_BN.shape, len(params) // 3, params[0].shape[0]
-        assert L > 0 and chunk_rows > 0, "the cross network has at least one layer, a block at least one sample"
+        assert L > 0, "the cross network has at least one layer"
+        chunk_rows = max(1, min(chunk_rows, B))  # at least one sample; backward's block buffers no larger than the batch
         xs = [x0_BN, *(torch.empty_like(x0_BN) for _ in range(L))]  # x_0 .. x_L (the output)
         zs = [x0_BN.new_empty(B, R) for _ in range(L)]
         us = [torch.empty_like(x0_BN) for _ in range(L)]
@@ -111,7 +112,7 @@ class _LowRankCross(torch.autograd.Function):
                 torch.addmm(b_N, zs[layer][rows], W_NR.t(), out=us[layer][rows])
                 torch.addcmul(xs[layer][rows], x0_BN[rows], us[layer][rows], out=xs[layer + 1][rows])
         ctx.save_for_backward(*params, *xs[:L], *zs, *us)
-        ctx.num_layers, ctx.chunk_rows = L, max(1, min(chunk_rows, B))  # backward's block buffers: no larger than the batch
+        ctx.num_layers, ctx.chunk_rows = L, chunk_rows
         return xs[L]
 
     @staticmethod
@@ -127,7 +128,7 @@ class _LowRankCross(torch.autograd.Function):
         for r0 in range(0, x0_BN.shape[0], C):
             rows = slice(r0, r0 + C)
             g, g0, x0 = grad_BN[rows], g0_BN[rows], x0_BN[rows]
-            du = du_CN[:g.shape[0]]
+            du, g_buffer = du_CN[:g.shape[0]], g_CN[:g.shape[0]]
             for layer in reversed(range(L)):
                 V_RN, W_NR, _ = params[3 * layer:3 * layer + 3]
                 dV_RN, dW_NR, db_N = grads[3 * layer:3 * layer + 3]
@@ -140,6 +141,6 @@ class _LowRankCross(torch.autograd.Function):
                 dV_RN.addmm_(dz.t(), xs[layer][rows])
                 dW_NR.addmm_(du.t(), zs[layer][rows])
                 db_N.add_(du.sum(0))
-                g = torch.addmm(g, dz, V_RN, out=g_CN[:g.shape[0]]) if layer == L - 1 else g.addmm_(dz, V_RN)
+                g = torch.addmm(g, dz, V_RN, out=g_buffer) if layer == L - 1 else g.addmm_(dz, V_RN)
             g0.add_(g)
         return (None, g0_BN, *grads)
