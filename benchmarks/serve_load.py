@@ -39,9 +39,11 @@ from torch import Tensor
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from local_ranks import add_malloc_argument, malloc_env, malloc_sentence
+from sections import commit_label, load_average
 from embshard.data.batch import NUM_DENSE, FeatureLayout
 from embshard.data.config import SyntheticConfig
 from embshard.data.synthetic import SyntheticSource
+from embshard.machine import cpu_model
 from embshard.models.dlrm import DLRM
 from embshard.serving.artifact import ModelInfo
 from embshard.serving.client import BIN, ServeProcess, get_json, post_json, predict_body
@@ -195,14 +197,15 @@ def run_cli(args: list[str]) -> None:
         raise SystemExit(f"{args[0]} failed:\n{done.stderr[-3000:]}")
 
 
-def markdown(rows: list[dict], args, run_dir: Path) -> str:
+def markdown(rows: list[dict], args, run_dir: Path, commit: str, loads: tuple[str, str]) -> str:
     reference = {r["concurrency"]: r for r in rows if r["name"] == "reference"}
     lines = [
         "# embshard-serve under load (loopback)", "",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: AMD EPYC, 2 cores shared with other work "
-        f"(load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, gloo; every "
-        f"server's processes: {malloc_sentence(args.malloc)}. "
-        f"Command: `{' '.join(['.venv/bin/python benchmarks/serve_load.py', *sys.argv[1:]])}`.", "",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {cpu_model()}, {os.cpu_count()} cores shared "
+        f"with other work (load: the 1-minute load average, median over the repeats), no GPU, torch {torch.__version__}, "
+        f"gloo; every server's processes: {malloc_sentence(args.malloc)}. "
+        f"Command: `{' '.join(['.venv/bin/python benchmarks/serve_load.py', *sys.argv[1:]])}`. Commit: {commit}. "
+        f"Load average (1, 5, 15 min) before / after the run: {loads[0]} / {loads[1]}.", "",
         f"Model: DLRM trained by `embshard-train {' '.join(TRAIN_ARGS)}` (tables=criteo_small: 26 tables up to "
         f"100,000 x 16, 51.3 MiB in fp32). Artifacts by `embshard-export`; "
         + (f"the 2-rank ones planned for {args.split_fraction:g} of the tables' bytes per rank (`hbm_gib`), so the "
@@ -250,6 +253,7 @@ def main() -> None:
     if args.reference_server:
         reference_server(args.reference_server, args.port_file)
         return
+    commit, load_before = commit_label(), load_average()
     os.environ.update(malloc_env(args.malloc))  # every process started from here on: the servers (and training, export)
     tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
     run_dir = args.run
@@ -285,7 +289,7 @@ def main() -> None:
         for server, _ in servers.values():
             server.stop()
     rows = [medians(runs[name, c]) for name in servers for c in CONCURRENCY]
-    args.out.write_text(markdown(rows, args, run_dir))
+    args.out.write_text(markdown(rows, args, run_dir, commit, (load_before, load_average())))
     print(f"wrote {args.out}")
 
 
