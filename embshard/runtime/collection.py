@@ -56,7 +56,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import Location
-from embshard.runtime.comm import Header, gather_header, local_part, start_header, use_hosts
+from embshard.runtime.comm import Header, gather_header, local_part, start_header, use_hosts, use_shared_memory
 from embshard.planner.types import ShardingType
 from embshard.runtime.dense_replicas import DenseReplicas
 from embshard.runtime.features import Batch, check_batch
@@ -128,7 +128,10 @@ class _ShardedCollection(nn.Module):
             raise ValueError(f"{self.where}: ranks were given different plans, tables or data_parallel_mode (fingerprints "
                              f"{header[:, 0].tolist()}); load the same plan file and settings on every rank")
         note_tiers_on_cpu(plan, self.device)
-        use_hosts(pg, plan.topology)  # host sub-groups (in-host reduction, hierarchical all-reduce), once per group
+        hosts = use_hosts(pg, plan.topology)  # host sub-groups (in-host reduction, hierarchical all-reduce), once per group
+        use_shared_memory(pg, plan.topology.local_world_size >= self.world_size)  # one host: no gloo TCP between ranks
+        if hosts is not None:
+            use_shared_memory(hosts.local, True)
         self.hot = HotRows(self.specs, hot_sets, pooled, pooling, self.device) if hot_sets else None
         if self.hot is not None:
             self.specs, plan = inner_plan(self.specs, plan, hot_sets)

@@ -13,21 +13,27 @@ Where ranks span hosts, `use_hosts` (called by every collection, on every rank) 
 sub-groups of ``pg`` for collectives that run inside each host first, once per group and
 ranks per host: this rank's host (in-host reduction of row-wise partial sums, host_reduce.py)
 and the ranks of its local index on every host; `hierarchical_all_reduce` uses both.
+
+Where a group's ranks share a host (gloo), `use_shared_memory` (called by every collection too) moves its
+all-to-alls, all-reduces, reduce-scatters and all-gathers through shared memory (`embshard.runtime.shared_group`)
+instead of gloo's loopback TCP: the same results, the same bytes counted. ``EMBSHARD_SHARED_MEMORY=0`` keeps gloo.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from embshard.planner.cost.traffic import TrafficBytes, ring_allreduce_sent
+from embshard.runtime.shared_group import SharedGroup
 from embshard.specs import piece_rows
 from embshard.topology import Topology
 
@@ -79,10 +85,32 @@ def counting_traffic(pg: dist.ProcessGroup, local_world_size: int) -> Iterator[T
         _counters.remove(counter)
 
 
+_shared: "weakref.WeakKeyDictionary[dist.ProcessGroup, SharedGroup | None]" = weakref.WeakKeyDictionary()
+
+
+def use_shared_memory(pg: dist.ProcessGroup, same_host: bool) -> SharedGroup | None:
+    """Collective over ``pg`` (every rank at the same point: a collection's constructor): from now on its
+    collectives run through shared memory where ``same_host`` (the plan's topology says so; `SharedGroup.create`
+    checks it), the backend is gloo and ``EMBSHARD_SHARED_MEMORY`` is not 0. Made once per group; None where not."""
+    if _shared.get(pg) is None and same_host and dist.get_world_size(pg) > 1 and dist.get_backend(pg) == "gloo" \
+            and os.environ.get("EMBSHARD_SHARED_MEMORY", "1") != "0":
+        _shared[pg] = SharedGroup.create(pg, same_host=True)
+    return _shared.get(pg)
+
+
+def shared_memory(pg: dist.ProcessGroup) -> SharedGroup | None:
+    """What `use_shared_memory` made for ``pg``, if anything: its collectives' transport."""
+    return _shared.get(pg)
+
+
 def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], pg: dist.ProcessGroup) -> Tensor:
     """Send rows ``x[sum(in_splits[:r]) : +in_splits[r]]`` to rank r; receive ``out_splits[r]`` rows from rank r."""
-    out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=pg)
+    shared = _shared.get(pg)
+    if shared is not None:
+        out = shared.all_to_all(x, out_splits, in_splits)
+    else:
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=pg)
     if _counters:
         row_bytes = x.element_size() * math.prod(x.shape[1:])
         for counter in _counters:
@@ -91,19 +119,27 @@ def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], p
 
 
 def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
-    """Sum ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
-    dist.all_reduce(x, group=pg)
+    """Sum contiguous ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
+    shared = _shared.get(pg)
+    if shared is not None and x.is_floating_point() and x.is_contiguous():
+        shared.sum_(x.view(-1))
+    else:
+        dist.all_reduce(x, group=pg)
     _count_all_reduce(x, pg)
 
 
-def all_reduce_pieces(x: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup) -> list[dist.Work]:
+def all_reduce_pieces(x: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup) -> list[Callable[[], object]]:
     """Sum 1-D ``x`` over the ranks in place, in the pieces between ``cuts`` (element offsets, 0 < c < numel),
-    all in flight at once: one work per piece, in order (wait each before reading its piece). Counted as
-    the one all-reduce of ``x`` it stands for (the cost model prices that one)."""
+    all in flight at once: one wait per piece, in order (call it before reading its piece). Through shared memory,
+    the whole sum at once (the waits have nothing left to wait for). Counted as the one all-reduce of ``x`` it
+    stands for (the cost model prices that one)."""
+    if _shared.get(pg) is not None and x.is_floating_point() and x.is_contiguous():
+        all_reduce(x, pg)
+        return [lambda: None] * (len(cuts) + 1)
     bounds = [0, *cuts, x.numel()]
     works = [dist.all_reduce(x[a:b], group=pg, async_op=True) for a, b in zip(bounds, bounds[1:])]
     _count_all_reduce(x, pg)
-    return works
+    return [work.wait for work in works]
 
 
 def _count_all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
@@ -166,16 +202,23 @@ def hierarchical_all_reduce(x: Tensor, hosts: HostGroups) -> None:
 
 def reduce_scatter(x: Tensor, pg: dist.ProcessGroup) -> Tensor:
     """Sum ``x`` [W * C] over the ranks and keep this rank's chunk [C]; counted as a ring (W - 1 chunks to the next rank)."""
-    W = dist.get_world_size(pg)
-    out = x.new_empty(x.numel() // W)
-    dist.reduce_scatter_tensor(out, x, group=pg)
+    W, shared = dist.get_world_size(pg), _shared.get(pg)
+    if shared is not None:
+        out = shared.reduce_scatter(x)
+    else:
+        out = x.new_empty(x.numel() // W)
+        dist.reduce_scatter_tensor(out, x, group=pg)
     _count_ring(out, pg)
     return out
 
 
 def all_gather(out: Tensor, x: Tensor, pg: dist.ProcessGroup) -> Tensor:
     """Every rank's ``x`` [C] into ``out`` [W * C], in rank order; counted as a ring (W - 1 chunks to the next rank)."""
-    dist.all_gather_into_tensor(out, x, group=pg)
+    shared = _shared.get(pg)
+    if shared is not None:
+        shared.all_gather(out, x)
+    else:
+        dist.all_gather_into_tensor(out, x, group=pg)
     _count_ring(x, pg)
     return out
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embshard.runtime.comm import shared_memory, use_shared_memory
 from embshard.runtime.input_dist import Distributed
 
 T = TypeVar("T")
@@ -37,6 +38,7 @@ class InputPipeline(Generic[T]):
 
     def __init__(self, pg: dist.ProcessGroup, read: Callable[[], T], inputs: Inputs) -> None:
         self.pg = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg))
+        use_shared_memory(self.pg, shared_memory(pg) is not None)  # the main group's transport
         self.read, self.inputs = read, inputs
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="embshard-input-dist")
         self.pending: Future | None = None

@@ -71,14 +71,14 @@ def wire_all_reduce_pieces_(flat: Tensor, cuts: Sequence[int], pg: dist.ProcessG
         wire_all_reduce_(flat, pg, dtype)
         return [lambda: None] * (len(cuts) + 1)
     wire = flat if dtype == "fp32" else flat.to(TORCH_DTYPES[dtype])
-    works = all_reduce_pieces(wire, cuts, pg)
+    waits = all_reduce_pieces(wire, cuts, pg)
     bounds = [0, *cuts, flat.numel()]
 
     def wait(i: int) -> None:
-        works[i].wait()
+        waits[i]()
         if wire is not flat:
             flat[bounds[i]:bounds[i + 1]].copy_(wire[bounds[i]:bounds[i + 1]])
-    return [lambda i=i: wait(i) for i in range(len(works))]
+    return [lambda i=i: wait(i) for i in range(len(waits))]
 
 
 def wire_reduce_scatter(flat: Tensor, pg: dist.ProcessGroup, dtype: str) -> Tensor:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from embshard.planner.types import ShardingType
 from embshard.runtime.comm import counting_traffic
+from embshard.runtime.shared_group import SharedGroup
 from rt_reference import kjt
 from rt_training import POOLED, SEQUENCE, features_of, make_batches, make_collection, make_plan, topology
 
@@ -29,24 +30,37 @@ COLLECTIVES = ("all_to_all_single", "all_reduce", "all_gather_into_tensor", "all
                "all_gather_object", "broadcast")
 
 
-@contextmanager
-def recording_calls() -> Iterator[list[str]]:
-    """Names of torch.distributed's collectives called while the block runs, in call order."""
-    names: list[str] = []
-    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+SHARED = {"all_to_all": "all_to_all_single", "sum_": "all_reduce", "reduce_scatter": "reduce_scatter_tensor",
+          "all_gather": "all_gather_into_tensor"}  # SharedGroup's methods (one host), named as the gloo calls they replace
 
-    def recorded(name):
+
+@contextmanager
+def recording_calls(shared_as_gloo: bool = True) -> Iterator[list[str]]:
+    """Names of the collectives called while the block runs, in call order: torch.distributed's, and SharedGroup's
+    under the names of the gloo calls they stand for (once each, even where one runs on gloo), or, unless
+    ``shared_as_gloo``, as "shared." + the method."""
+    names: list[str] = []
+    inside: list[bool] = []
+    originals = {(dist, name): getattr(dist, name) for name in COLLECTIVES}
+    originals.update({(SharedGroup, method): getattr(SharedGroup, method) for method in SHARED})
+
+    def recorded(owner, name):
         def call(*args, **kwargs):
-            names.append(name)
-            return originals[name](*args, **kwargs)
+            if not inside:
+                names.append(name if owner is dist else SHARED[name] if shared_as_gloo else "shared." + name)
+            inside.append(True)
+            try:
+                return originals[owner, name](*args, **kwargs)
+            finally:
+                inside.pop()
         return call
     try:
-        for name in COLLECTIVES:
-            setattr(dist, name, recorded(name))
+        for owner, name in originals:
+            setattr(owner, name, recorded(owner, name))
         yield names
     finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+        for (owner, name), fn in originals.items():
+            setattr(owner, name, fn)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from embshard.planner import manual_plan
 from embshard.planner.types import ShardingType
 from embshard.runtime import OptimizerConfig, ShardedEmbeddingBagCollection, ShardedEmbeddingCollection, shard_model
+from embshard.runtime.comm import shared_memory
 from rt_reference import ReferenceOptimizer, global_batch, kjt
 from rt_training import POOLED, SEQUENCE, features_of, make_batches, topology
 
@@ -64,7 +65,10 @@ def run_model(world_size: int, pg: dist.ProcessGroup) -> dict[str, float]:
     plan = manual_plan(POOLED + SEQUENCE, topology(world_size), layout)
     sharded = shard_model(model, plan, pg, optimizer=OptimizerConfig(learning_rate=LR_EMB))
     errors = {"replaced": float(isinstance(sharded.module.sparse.bags, ShardedEmbeddingBagCollection)
-                                and isinstance(sharded.module.sequences, ShardedEmbeddingCollection))}
+                                and isinstance(sharded.module.sequences, ShardedEmbeddingCollection)),
+              # one host: DDP's buckets are summed through the group's shared memory (its hook), as the tables' are
+              "err_ddp_transport": float([state for _, state in sharded._comm_hooks]
+                                         != ([shared_memory(pg)] if world_size < 4 else []))}
     dense_opt = torch.optim.SGD(sharded.parameters(), lr=LR_DENSE)
     ref_dense = [p for n, p in ref.named_parameters() if not n.startswith(("sparse.", "sequences."))]
     ref_dense_opt = torch.optim.SGD(ref_dense, lr=LR_DENSE)
