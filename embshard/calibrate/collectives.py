@@ -1,6 +1,8 @@
 """Microbenchmarks of the collectives the runtime uses: all-to-all (even splits) and
 all-reduce of fp32 tensors, across message sizes and world sizes, on local ranks: gloo on
-CPU, or nccl with the tensors on each rank's GPU (device="cuda").
+CPU, or nccl with the tensors on each rank's GPU (device="cuda"). Through the runtime's own calls
+(`embshard.runtime.comm`), so on the runtime's transport: local gloo ranks (``same_host``) through shared
+memory, as the runtime's collections run them on one host.
 
 Each rank reports the median CPU time (its process, gloo's threads included; on cuda the
 wall time after synchronizing, see embshard.calibrate.device) and wall time of ``reps``
@@ -20,11 +22,13 @@ def bench_in_rank(pg, job: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from embshard.calibrate.device import clock_reader
+    from embshard.runtime.comm import all_reduce, all_to_all, use_shared_memory
 
     device = job.get("device", "cpu")
     where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     read = clock_reader(device)
     W = dist.get_world_size(pg)
+    use_shared_memory(pg, job.get("same_host", False))
     rows = []
     for nbytes in job["sizes_bytes"]:
         n = max(W, int(nbytes) // 4 // W * W)
@@ -32,13 +36,12 @@ def bench_in_rank(pg, job: dict[str, Any]) -> dict[str, Any]:
         for op in OPS:
             cpu, wall = [], []
             for i in range(job["warmup"] + job["reps"]):
-                out = torch.empty(n, device=where)
                 dist.barrier(group=pg)
                 c0, w0 = read()
                 if op == "all_to_all":
-                    dist.all_to_all_single(out, x, group=pg)
+                    all_to_all(x, [n // W] * W, [n // W] * W, pg)
                 else:
-                    dist.all_reduce(x, group=pg)
+                    all_reduce(x, pg)
                 c1, w1 = read()
                 if i >= job["warmup"]:
                     cpu.append(c1 - c0)
@@ -55,7 +58,8 @@ def run(world_sizes: Sequence[int], sizes_bytes: Sequence[int], reps: int = 7, w
 
     out = []
     for W in world_sizes:
-        job = {"kind": "collectives", "sizes_bytes": list(sizes_bytes), "reps": reps, "warmup": warmup, "device": device}
+        job = {"kind": "collectives", "sizes_bytes": list(sizes_bytes), "reps": reps, "warmup": warmup, "device": device,
+               "same_host": True}
         for rank, result in enumerate(run_ranks(W, job, timeout_s)):
             out.extend({**row, "rank": rank} for row in result["rows"])
     return out
