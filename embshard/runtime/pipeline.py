@@ -5,7 +5,10 @@ starts at its lookups.
 
 The side thread talks over a process group of its own (same ranks, same backend): collectives of one
 group must be issued in the same order on every rank, and the main thread's output dist, gradient
-all-to-alls and DDP all-reduces interleave with the side thread's at random. The results are those of
+all-to-alls and DDP all-reduces interleave with the side thread's at random. That group stays on gloo where
+the main one runs through shared memory (one host, `embshard.runtime.comm.use_shared_memory`): a rank waiting
+there spins, and a side thread spinning takes the cores the main threads compute on (DLRM-v2, 2 ranks on 2
+cores, one round each: pipelined 1.14x TorchRec with the side group on shared memory, 1.19x on gloo). The results are those of
 the plain step, bit for bit: the same input dist computed earlier. A batch refused by a rank raises
 its ValueError on every rank from `next`, as the plain forward does. Serving (embshard/serving/)
 does not use it: a request batch exists only once its requests have arrived, so there is no next
@@ -25,7 +28,6 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embshard.runtime.comm import shared_memory, use_shared_memory
 from embshard.runtime.input_dist import Distributed
 
 T = TypeVar("T")
@@ -38,7 +40,6 @@ class InputPipeline(Generic[T]):
 
     def __init__(self, pg: dist.ProcessGroup, read: Callable[[], T], inputs: Inputs) -> None:
         self.pg = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg))
-        use_shared_memory(self.pg, shared_memory(pg) is not None)  # the main group's transport
         self.read, self.inputs = read, inputs
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="embshard-input-dist")
         self.pending: Future | None = None
