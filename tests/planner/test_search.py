@@ -162,7 +162,10 @@ def test_returned_plan_is_the_placement_the_search_scored(seed):
     assert max(state.costs()) <= searched_ms + 1e-9
     assert_report_is_the_state()
     p = plan(specs, topo, constraints, time_budget_s=0.5)
-    assert p.max_rank_ms == pytest.approx(p.search["scored_ms"], rel=1e-9)
+    if p.search.get("reduce_in_host") is False:  # the flat variant of the scored placement, taken as it prices cheaper
+        assert not p.topology.reduce_in_host and p.max_rank_ms < p.search["scored_ms"]
+    else:
+        assert p.max_rank_ms == pytest.approx(p.search["scored_ms"], rel=1e-9)
     assert all(r.storage.total_bytes <= topo.shard_memory_cap_bytes for r in p.ranks)
 
 
