@@ -11,7 +11,8 @@ Rounds alternate between two halves of each slot (and of the sizes and offsets):
 of round k has seen every rank's flag of round k + 1 up, which a rank raises only once it has read round k. The flag
 is a plain store after the data's: x86-64 makes stores visible in program order (elsewhere `create` returns None).
 A rank whose message does not fit posts size -1: every rank sees it after the same wait, so all of them run that
-call on gloo instead, then grow the file together to twice the largest size posted. A rank that waits checks its
+call on gloo instead, then grow the file together to twice the largest size posted. A sum, the same size on every
+rank, runs in rounds of the slot instead (the file grown to SUM_ROUND_BYTES first), however large. A rank that waits checks its
 peers' processes every WATCH_S, so one that exited fails the others at once (as gloo fails when a peer's connection
 drops); one alive but stuck fails them after WAIT_S (the launcher's default ``collective_timeout_s``).
 
@@ -39,6 +40,7 @@ from torch import Tensor
 SHM_DIR = Path("/dev/shm")
 START_BYTES = 1 << 20  # each rank's slot half at first; grown on demand
 MAX_BYTES = 1 << 30  # the file's largest size: beyond it every call runs on gloo
+SUM_ROUND_BYTES = 4 << 20  # a sum runs in rounds of at most the slot, which it grows to this size where smaller
 WAIT_S = 300.0
 WATCH_S = 0.5
 SPIN_S = 2e-4  # a wait spins (yielding the core) this long, then naps NAP_S between looks
@@ -90,17 +92,22 @@ class SharedGroup:
 
     def sum_(self, flat: Tensor) -> None:
         """Every rank calls it with its buffer (1-D, contiguous, floating); on return ``flat`` holds the sum over the
-        ranks, added in rank order in ``flat``'s dtype."""
+        ranks, added in rank order in ``flat``'s dtype. In rounds of at most the slot (the buffer's size is the
+        same on every rank, so they agree on the rounds without a word), each grown first to SUM_ROUND_BYTES or
+        the buffer where smaller: any size runs here, in a file of bounded size."""
         assert flat.dim() == 1 and flat.is_contiguous() and flat.is_floating_point(), (flat.dtype, flat.shape)
+        size = flat.numel() * flat.element_size()
+        if 0 <= self.slot_bytes < min(size, SUM_ROUND_BYTES):
+            self._resize(min(size, SUM_ROUND_BYTES))
         if self.slot_bytes < 0:
             dist.all_reduce(flat, group=self.pg)
             return
-        half, fits = self._post(_bytes(flat), [0, flat.numel() * flat.element_size()])
-        if not fits:
-            dist.all_reduce(flat, group=self.pg)
-            self._grow(half)
-            return
-        self._add_slots(flat, half, 0)
+        step = self.slot_bytes // flat.element_size()
+        for start in range(0, flat.numel(), step):
+            part = flat[start:start + step]
+            half, fits = self._post(_bytes(part), [0, part.numel() * part.element_size()])
+            assert fits, "every rank's part fits the slot"
+            self._add_slots(part, half, 0)
 
     def reduce_scatter(self, x: Tensor) -> Tensor:
         """``x`` [W * C] (floating) summed over the ranks; this rank's chunk [C] of the sum."""
@@ -159,8 +166,12 @@ class SharedGroup:
     def _grow(self, half: int) -> None:
         """After a round of ``half`` where some rank's bytes did not fit (every rank saw the same sizes): a file of
         twice the largest, created together; on gloo from now on where that passes MAX_BYTES."""
-        need = max(-1 - int(s) if s < 0 else int(s) for s in self.lines[:, _SIZE + half].tolist())
-        grown = _open(self.pg, 2 * need, _file_bytes(self.world, 2 * need) <= MAX_BYTES)
+        self._resize(2 * max(-1 - int(s) if s < 0 else int(s) for s in self.lines[:, _SIZE + half].tolist()))
+
+    def _resize(self, slot_bytes: int) -> None:
+        """Collective: a new file of ``slot_bytes`` slots in place of this one (on gloo from now on where it would pass
+        MAX_BYTES or cannot be made)."""
+        grown = _open(self.pg, slot_bytes, _file_bytes(self.world, slot_bytes) <= MAX_BYTES)
         self.slot_bytes = -1 if grown is None else grown.slot_bytes  # -1: nothing fits, every call on gloo
         if grown is not None:
             self.lines, self.slots, self.round = grown.lines, grown.slots, 0

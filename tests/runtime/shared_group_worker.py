@@ -26,7 +26,9 @@ def _files() -> list[str]:
 
 
 def sums(pg, rank: int, world: int) -> dict:
-    """Rounds of several sizes (the two halves reused many times, one round past the slot), each against gloo."""
+    """Sums of several sizes (the two halves reused many times; past the slot, it grows to SUM_ROUND_BYTES and runs
+    in rounds), each against gloo."""
+    shared_group.SUM_ROUND_BYTES = 2 * START
     group = SharedGroup.create(pg, same_host=True, slot_bytes=START)
     assert group is not None
     files, grown = _files(), []
