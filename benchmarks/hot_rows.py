@@ -15,7 +15,8 @@ curve becomes each table's ``hot_rows``, its ``hottest`` ranking the hot-ids fil
 itself measures pooled tables only), then `embshard.planner.plan(hot_ids_file=...)` chooses
 the layout and each table's hot fraction. Counted bytes: every ``all_to_all_single`` and
 ``all_reduce`` payload sent to other ranks, per rank and step, by wrapping torch.distributed's
-functions (both runtimes call them), and the part of it sent to another host; on emulated
+functions (both runtimes call them; embshard's ranks of one host their shared-memory equivalents,
+wrapped too), and the part of it sent to another host; on emulated
 hosts also the hosts' link counters (veth0 tx of both hosts per step: every packet, barriers
 and TCP included). Steps alternate between the three runtimes and are timed between barriers
 on rank 0; medians. Each timed loop stops early when its time budget is spent (the step count
@@ -108,36 +109,59 @@ def measured(specs: list[TableSpec], s: float, size: dict, world: int, hot_ids_p
 
 
 class ByteCounter:
-    """Bytes this rank sends to other ranks through all_to_all_single and all_reduce (wraps torch.distributed),
-    in total and to ranks on other hosts (rank r on host r // per_host). An all-reduce counts as a ring in
-    group rank order (`ring_allreduce_sent`, as embshard's own counter)."""
+    """Bytes this rank sends to other ranks through all_to_all_single and all_reduce (wraps torch.distributed, and the
+    shared-memory transport embshard's ranks of one host use in their place, embshard.runtime.shared_group), in total
+    and to ranks on other hosts (rank r on host r // per_host). An all-reduce counts as a ring in group rank order
+    (`ring_allreduce_sent`, as embshard's own counter)."""
 
     def __init__(self, per_host: int) -> None:
+        from embshard.runtime.shared_group import SharedGroup
+
         self.per_host = per_host
         self.on = False
+        self.inside = False  # in a SharedGroup call (counted there), which may run on gloo
         self.take()
         a2a, ar = dist.all_to_all_single, dist.all_reduce
+        shared_a2a, shared_sum = SharedGroup.all_to_all, SharedGroup.sum_
 
-        def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
-            if self.on and input.numel():
-                ranks = self._ranks(kwargs.get("group"))
+        def count_a2a(input, input_split_sizes, group) -> None:
+            if self.on and not self.inside and input.numel():
+                ranks = self._ranks(group)
                 me = ranks.index(dist.get_rank())
                 row = input.element_size() * (input.numel() // input.shape[0])
                 splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // len(ranks)] * len(ranks)
                 self.bytes[0] += row * (sum(splits) - splits[me])
                 self.bytes[2] += row * sum(n for r, n in zip(ranks, splits) if not self._same_host(r))
-            return a2a(output, input, output_split_sizes, input_split_sizes, *args, **kwargs)
 
-        def all_reduce(tensor, *args, **kwargs):
-            if self.on:
-                ranks = self._ranks(kwargs.get("group"))
+        def count_ar(tensor, group) -> None:
+            if self.on and not self.inside:
+                ranks = self._ranks(group)
                 me = ranks.index(dist.get_rank())
                 sent = tensor.element_size() * ring_allreduce_sent(tensor.numel(), len(ranks))[me]
                 self.bytes[1] += sent
                 self.bytes[3] += 0 if self._same_host(ranks[(me + 1) % len(ranks)]) else sent
+
+        def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+            count_a2a(input, input_split_sizes, kwargs.get("group"))
+            return a2a(output, input, output_split_sizes, input_split_sizes, *args, **kwargs)
+
+        def all_reduce(tensor, *args, **kwargs):
+            count_ar(tensor, kwargs.get("group"))
             return ar(tensor, *args, **kwargs)
 
+        def shared(call, count):
+            def wrapped(group, x, *args):
+                count(group, x, *args)
+                self.inside = True
+                try:
+                    return call(group, x, *args)
+                finally:
+                    self.inside = False
+            return wrapped
+
         dist.all_to_all_single, dist.all_reduce = all_to_all_single, all_reduce
+        SharedGroup.all_to_all = shared(shared_a2a, lambda group, x, out_splits, in_splits: count_a2a(x, in_splits, group.pg))
+        SharedGroup.sum_ = shared(shared_sum, lambda group, flat: count_ar(flat, group.pg))
 
     @staticmethod
     def _ranks(group) -> list[int]:
