@@ -84,9 +84,9 @@ class TrainConfig:
     log_every_steps: int = 10
     tensorboard: bool = False
     unsharded: bool = False  # one process, TorchRec's modules unsharded (the reference)
-    # read the next batch and run its input dist while this one trains (runtime/pipeline.py); None: only when
-    # the ranks span more than one host. On by default: measured faster on one host and across hosts (README, Training)
-    pipeline: Optional[bool] = True
+    # read the next batch and run its input dist while this one trains (runtime/pipeline.py); None (the default): only
+    # where the ranks span more than one host, where it measured faster (on one host slower: README, Training)
+    pipeline: Optional[bool] = None
     plan_file: Optional[str] = None  # load this plan.json instead of planning
     out_dir: str = MISSING
 
