@@ -103,6 +103,12 @@ def shared_memory(pg: dist.ProcessGroup) -> SharedGroup | None:
     return _shared.get(pg)
 
 
+def _summing(x: Tensor, pg: dist.ProcessGroup) -> SharedGroup | None:
+    """The shared memory that sums ``x`` over ``pg`` (floating and contiguous), if any."""
+    shared = _shared.get(pg)
+    return shared if shared is not None and x.is_floating_point() and x.is_contiguous() else None
+
+
 def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], pg: dist.ProcessGroup) -> Tensor:
     """Send rows ``x[sum(in_splits[:r]) : +in_splits[r]]`` to rank r; receive ``out_splits[r]`` rows from rank r."""
     shared = _shared.get(pg)
@@ -120,8 +126,8 @@ def all_to_all(x: Tensor, out_splits: Sequence[int], in_splits: Sequence[int], p
 
 def all_reduce(x: Tensor, pg: dist.ProcessGroup) -> None:
     """Sum contiguous ``x`` over the ranks in place; counted as a ring in rank order (`ring_allreduce_sent`)."""
-    shared = _shared.get(pg)
-    if shared is not None and x.is_floating_point() and x.is_contiguous():
+    shared = _summing(x, pg)
+    if shared is not None:
         shared.sum_(x.view(-1))
     else:
         dist.all_reduce(x, group=pg)
@@ -133,7 +139,7 @@ def all_reduce_pieces(x: Tensor, cuts: Sequence[int], pg: dist.ProcessGroup) -> 
     all in flight at once: one wait per piece, in order (call it before reading its piece). Through shared memory,
     the whole sum at once (the waits have nothing left to wait for). Counted as the one all-reduce of ``x`` it
     stands for (the cost model prices that one)."""
-    if _shared.get(pg) is not None and x.is_floating_point() and x.is_contiguous():
+    if _summing(x, pg) is not None:
         all_reduce(x, pg)
         return [lambda: None] * (len(cuts) + 1)
     bounds = [0, *cuts, x.numel()]

@@ -31,7 +31,7 @@ import platform
 import secrets
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -71,17 +71,13 @@ class SharedGroup:
         """Rows ``x[sum(in_splits[:r]) : +in_splits[r]]`` to rank r; ``out_splits[r]`` rows from rank r."""
         x = x.contiguous()
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        if self.slot_bytes < 0:  # grown past MAX_BYTES: gloo from then on, on every rank
-            dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=self.pg)
-            return out
         row = x.element_size() * math.prod(x.shape[1:])
         offsets = [0]
         for n in in_splits:
             offsets.append(offsets[-1] + n * row)
-        half, fits = self._post(_bytes(x), offsets)
-        if not fits:
-            dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=self.pg)
-            self._grow(half)
+        half = self._round(_bytes(x), offsets,
+                           lambda: dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=self.pg))
+        if half is None:
             return out
         received, at = _bytes(out), 0
         for r, n in enumerate(out_splits):
@@ -113,31 +109,21 @@ class SharedGroup:
         """``x`` [W * C] (floating) summed over the ranks; this rank's chunk [C] of the sum."""
         assert x.dim() == 1 and x.is_contiguous() and x.is_floating_point() and x.numel() % self.world == 0, x.shape
         out = x.new_empty(x.numel() // self.world)
-        if self.slot_bytes < 0:
-            dist.reduce_scatter_tensor(out, x, group=self.pg)
-            return out
-        half, fits = self._post(_bytes(x), [0, x.numel() * x.element_size()])
-        if not fits:
-            dist.reduce_scatter_tensor(out, x, group=self.pg)
-            self._grow(half)
-            return out
-        self._add_slots(out, half, self.rank * out.numel() * out.element_size())
+        half = self._round(_bytes(x), [0, x.numel() * x.element_size()],
+                           lambda: dist.reduce_scatter_tensor(out, x, group=self.pg))
+        if half is not None:
+            self._add_slots(out, half, self.rank * out.numel() * out.element_size())
         return out
 
     def all_gather(self, out: Tensor, x: Tensor) -> Tensor:
         """Every rank's ``x`` [C] into ``out`` [W * C], in rank order."""
         assert out.numel() == self.world * x.numel() and out.is_contiguous() and out.dtype == x.dtype, (out.shape, x.shape)
         x = x.contiguous()
-        if self.slot_bytes < 0:
-            dist.all_gather_into_tensor(out, x, group=self.pg)
-            return out
-        half, fits = self._post(_bytes(x), [0, x.numel() * x.element_size()])
-        if not fits:
-            dist.all_gather_into_tensor(out, x, group=self.pg)
-            self._grow(half)
-            return out
-        n = x.numel() * x.element_size()
-        _bytes(out).view(self.world, n).copy_(self.slots[half, :, :n])
+        half = self._round(_bytes(x), [0, x.numel() * x.element_size()],
+                           lambda: dist.all_gather_into_tensor(out, x, group=self.pg))
+        if half is not None:
+            n = x.numel() * x.element_size()
+            _bytes(out).view(self.world, n).copy_(self.slots[half, :, :n])
         return out
 
     def _add_slots(self, out: Tensor, half: int, start: int) -> None:
@@ -147,6 +133,20 @@ class SharedGroup:
         torch.add(parts[0], parts[1], out=out)
         for part in parts[2:]:
             out.add_(part)
+
+    def _round(self, data: Tensor, offsets: Sequence[int], on_gloo: Callable[[], object]) -> int | None:
+        """One round of a call whose message may not fit: this round's half, or None where the call ran as ``on_gloo``
+        instead, on every rank alike (the file grown past MAX_BYTES before, or some rank's bytes did not fit this
+        round: then the file grows)."""
+        if self.slot_bytes < 0:  # grown past MAX_BYTES: gloo from then on
+            on_gloo()
+            return None
+        half, fits = self._post(data, offsets)
+        if not fits:
+            on_gloo()
+            self._grow(half)
+            return None
+        return half
 
     def _post(self, data: Tensor, offsets: Sequence[int]) -> tuple[int, bool]:
         """Write this rank's bytes and offsets into this round's half, raise the flag, wait for every rank's: (the
