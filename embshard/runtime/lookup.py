@@ -163,14 +163,19 @@ class FbgemmKernel(UpdateCounting):
             out = one_id_bag_rows(self.tbe, self.dim, indices, ids_per_feature_rank)
         return _CountUpdate.apply(out, self) if out.requires_grad else out
 
+    @property
+    def has_dense_lookup(self) -> bool:
+        """Whether `dense_lookup` runs: pooled, fp32 weights all in host memory."""
+        weights = self.tbe.weights_host
+        return self.pooled and not self.cached and weights.numel() > 0 and weights.dtype == torch.float32
+
     def dense_lookup(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> tuple[Tensor, Tensor] | None:
         """Pooled lookups by FBGEMM's dense kernel over a leaf that shares this kernel's host weights: (output, leaf),
         whose backward gives the dense gradient of the flat weights (blocks one after another) and updates nothing
         (what `embshard.runtime.dense_replicas` all-reduces); None where the weights are not fp32 host memory."""
-        weights = self.tbe.weights_host
-        if not self.pooled or self.cached or weights.numel() == 0 or weights.dtype != torch.float32:
+        if not self.has_dense_lookup:
             return None
-        leaf = weights.detach().requires_grad_()
+        leaf = self.tbe.weights_host.detach().requires_grad_()
         with torch.enable_grad():
             out = torch.ops.fbgemm.dense_embedding_codegen_lookup_function(
                 dev_weights=leaf, weights_offsets=self.tbe.weights_offsets, D_offsets=self.tbe.D_offsets,
