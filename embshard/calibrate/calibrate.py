@@ -42,7 +42,7 @@ HOST_REDUCE_RANKS = 4  # the in-host reduction's layouts: 2 hosts x 2 ranks
 GROUP_KEYS = {
     "topology": {"world_size": int, "local_world_size": int, "hbm_gib": float, "batch_size_per_rank": int, "reserved_fraction": float},
     "kernels": {"dims": list, "rows": list, "batches": list, "poolings": list, "sequence": bool, "dp_max_rows": int,
-                "max_table_elements": int, "shared_features": int, "steps": int, "warmup": int},
+                "max_table_elements": int, "shared_features": int, "allreduce_ranks": int, "steps": int, "warmup": int},
     "collectives": {"world_sizes": list, "sizes_bytes": list, "reps": int, "warmup": int},
     "plans": {"world_sizes": list, "num_plans": int, "num_tables": int, "seed": int, "max_rows": int, "max_pooling": float,
               "sequence_fraction": float, "steps": int, "warmup": int, "host_reduce_plans": int,
@@ -152,9 +152,10 @@ def measure_all(cfg: Mapping[str, Any], device: str, log=print) -> dict[str, Any
     data: dict[str, Any] = {"device": device, "machine_start": machine(device),
                             "config": {k: cfg[k] for k in ("topology", "kernels", "collectives", "plans")}}
     t0 = time.perf_counter()
+    ar_ranks = (runnable_world_sizes([kc["allreduce_ranks"]], device, "allreduce-mode kernel points", log) or [1])[0]
     points = kernels.grid(kc["dims"], kc["rows"], kc["batches"], kc["poolings"], kc["sequence"], kc["dp_max_rows"], kc["max_table_elements"],
-                         kc["shared_features"])
-    log(f"kernels: {len(points)} points on 1 {device} rank ({BACKENDS[device]})")
+                         kc["shared_features"], ar_ranks)
+    log(f"kernels: {len(points)} points on 1 {device} rank ({BACKENDS[device]}), the allreduce mode's on {ar_ranks}")
     data["kernels"] = kernels.run(points, kc["steps"], kc["warmup"], cfg["timeout_s"], device)
     sizes = runnable_world_sizes(cc["world_sizes"], device, "collectives", log)
     log(f"collectives: {len(cc['sizes_bytes'])} sizes on {sizes} ranks")
@@ -250,7 +251,8 @@ def host_reduce_pairs(data: Mapping[str, Any], key: str = "host_reduce") -> list
 def samples_of(data: Mapping[str, Any]) -> list[Sample]:
     out = []
     for r in data.get("kernels", []):
-        point = kernels.KernelPoint(r["kind"], r["pooled"], r["rows"], r["dim"], r["batch"], r["pooling"], r.get("features", 1))
+        point = kernels.KernelPoint(r["kind"], r["pooled"], r["rows"], r["dim"], r["batch"], r["pooling"], r.get("features", 1),
+                                    r.get("ranks", 1))
         out.append(Sample(point.plan(), ({p: r[f"cpu_{p}"] for p in PHASES},), "kernels"))
     for entry in data.get("plans", []):
         out.append(Sample(ShardingPlan.from_dict(entry["plan"]), tuple(entry["cpu_ms"]), "plans"))

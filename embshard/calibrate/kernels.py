@@ -35,29 +35,35 @@ class KernelPoint:
     batch: int
     pooling: float
     features: int = 1  # features looking the table up, each ``batch`` bags (several: FBGEMM's shared-table path)
+    ranks: int = 1  # ranks of one host running it (a data-parallel table: replicated on all of them)
 
     def spec(self) -> TableSpec:
         names = ("t",) if self.features == 1 else tuple(f"t{i}" for i in range(self.features))
         return TableSpec("t", self.rows, self.dim, float(self.pooling), pooled=self.pooled, feature_names=names)
 
     def topology(self, device: str = "cpu") -> Topology:
-        return Topology(world_size=1, local_world_size=1, hbm_gib=64, batch_size_per_rank=self.batch, device=device)
+        return Topology(world_size=self.ranks, local_world_size=self.ranks, hbm_gib=64, batch_size_per_rank=self.batch,
+                        device=device)
 
     def plan(self, topology: Topology | None = None) -> ShardingPlan:
         topology = topology or self.topology()
         if self.kind == "fbgemm":
             return manual_plan([self.spec()], topology, {"t": (ShardingType.TABLE_WISE, [0])})
-        placement = placement_for(self.spec(), topology, ShardingType.DATA_PARALLEL, (0,))
+        placement = placement_for(self.spec(), topology, ShardingType.DATA_PARALLEL, tuple(range(self.ranks)))
         mode = "allreduce" if self.kind == "allreduce" else "replicated_lookup"
         return evaluate([self.spec()], topology, [replace(placement, data_parallel_mode=mode)])
 
 
 def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], poolings: Sequence[float],
-         sequence: bool, dp_max_rows: int, max_table_elements: int, shared_features: int = 0) -> list[KernelPoint]:
+         sequence: bool, dp_max_rows: int, max_table_elements: int, shared_features: int = 0,
+         allreduce_ranks: int = 1) -> list[KernelPoint]:
     """Pooled fbgemm points over the full grid, sequence points (if ``sequence``) and
     data-parallel points in both modes (tables up to dp_max_rows rows) over the same grid, and pooled points of a
     table that ``shared_features`` features look up (if 2 or more; the smallest batch only); tables above
-    max_table_elements (rows x dim) are skipped."""
+    max_table_elements (rows x dim) are skipped. The allreduce mode's points run on ``allreduce_ranks`` ranks: every
+    rank streams its whole replica at once, sharing the host's memory bandwidth, and the gradient is all-reduced,
+    as in training (one rank alone streams faster: 8 tables of 1M rows x 64 cost 1.3x their one-rank time a rank on
+    2 ranks of the 2-core Intel VM, beyond the all-reduce)."""
     points = []
     for d, n, b, p in itertools.product(dims, rows, batches, poolings):
         if n * d > max_table_elements:
@@ -68,16 +74,22 @@ def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], pooli
         if sequence:
             points.append(KernelPoint("fbgemm", False, n, d, b, p))
         if n <= dp_max_rows:
-            points += [KernelPoint("dp", True, n, d, b, p), KernelPoint("allreduce", True, n, d, b, p)]
+            points += [KernelPoint("dp", True, n, d, b, p), KernelPoint("allreduce", True, n, d, b, p, ranks=allreduce_ranks)]
     return points
 
 
 def run(points: Sequence[KernelPoint], steps: int = 5, warmup: int = 2, timeout_s: float = 1800.0,
         device: str = "cpu") -> list[dict[str, Any]]:
-    """Measure every point on one spawned rank (cpu, or GPU 0 for device="cuda"); rows of the
-    point's fields plus measured ms by phase (cpu_*: the rank's time, see embshard.calibrate.device)."""
+    """Measure every point on its spawned ranks (cpu, or GPUs 0.. for device="cuda"), the points of each rank count
+    together; rows of the point's fields plus rank 0's measured ms by phase (cpu_*: the rank's time, see
+    embshard.calibrate.device), in the order of ``points``."""
     from embshard.calibrate.measure import measure_plans
 
-    measured = measure_plans([p.plan(p.topology(device)) for p in points], steps=steps, warmup=warmup, timeout_s=timeout_s,
-                             device=device)
-    return [{**asdict(p), **{f"cpu_{k}": v for k, v in m.ranks[0].cpu_ms.items()}} for p, m in zip(points, measured)]
+    rows: dict[int, dict[str, Any]] = {}
+    for ranks in sorted({p.ranks for p in points}):
+        mine = [i for i, p in enumerate(points) if p.ranks == ranks]
+        measured = measure_plans([points[i].plan(points[i].topology(device)) for i in mine], steps=steps, warmup=warmup,
+                                 timeout_s=timeout_s, device=device)
+        for i, m in zip(mine, measured):
+            rows[i] = {**asdict(points[i]), **{f"cpu_{k}": v for k, v in m.ranks[0].cpu_ms.items()}}
+    return [rows[i] for i in range(len(points))]

@@ -154,8 +154,8 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 @contextmanager
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
-    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, and the hierarchical all-reduce whole: its copies and sums
-    too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs.
+    all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, on gloo or through shared memory
+    (`embshard.runtime.shared_group`), and the hierarchical all-reduce whole: its copies and sums too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs.
 
     The allreduce mode's all-reduce runs here whole inside its lookup backward node, and its optimizer step (which the
     runtime runs in an engine callback when backward ends, `DenseReplicas._apply_landed`) as lookup_bwd_ms: in
@@ -166,6 +166,7 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     import torch.distributed as dist
 
     from embshard.runtime import dense_replicas, wire
+    from embshard.runtime.shared_group import SharedGroup
 
     def all_reduce_now(flat, cuts, pg, dtype):  # wire_all_reduce_pieces_, the pieces summed before it returns
         wire.wire_all_reduce_(flat, pg, dtype)
@@ -178,6 +179,7 @@ def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
             return apply_landed(self, *args, **kwargs)
 
     targets = [*((dist, n) for n in ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor")),
+               *((SharedGroup, n) for n in ("sum_", "all_to_all", "reduce_scatter", "all_gather")),  # one host's ranks
                (wire, "hierarchical_all_reduce")]
     originals = [(module, n, getattr(module, n)) for module, n in targets]
 

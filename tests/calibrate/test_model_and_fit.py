@@ -127,8 +127,10 @@ def synthetic_samples(truth: Topology) -> tuple[list[Sample], list[dict]]:
             [("fbgemm", False, n, 32, b, p, 1) for n in (100, 50_000) for b, p in ((64, 2.0), (1024, 10.0))] + \
             [(k, True, n, d, b, p, 1) for k in ("dp", "allreduce") for n in (100, 5_000, 50_000) for d in (16, 64)
              for b, p in ((64, 3.0), (1024, 20.0))]:
-        p_ = KernelPoint(kind, pooled, rows, dim, batch, pf, nf).plan()
-        pred = rank_perfs(p_.specs, replace(truth, world_size=1, local_world_size=1, batch_size_per_rank=batch,
+        # the allreduce mode's points on 2 ranks, as embshard-calibrate runs them (kernels.allreduce_ranks)
+        ranks = 2 if kind == "allreduce" else 1
+        p_ = KernelPoint(kind, pooled, rows, dim, batch, pf, nf, ranks).plan()
+        pred = rank_perfs(p_.specs, replace(truth, world_size=ranks, local_world_size=ranks, batch_size_per_rank=batch,
                                                **{f: 1.0 for f in PHASE_FACTORS}), p_.tables)
         samples.append(Sample(p_, tuple({ph: getattr(x, ph) for ph in PHASES} for x in pred), "kernels"))
     for i in range(4):
