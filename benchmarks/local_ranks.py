@@ -60,8 +60,7 @@ def turns(configs: Sequence[str], rounds: int) -> Iterator[str]:
 # glibc malloc that keeps freed memory: a fixed mmap threshold (32 MiB, glibc's most) and no trimming of the heap. With
 # glibc's defaults, a TorchRec DLRM-v2 step on this VM took 2,000-3,000 page faults (fresh pages of freed and
 # re-allocated buffers; embshard's took 0-50) and 17-23% longer; with these settings neither takes any. Both runtimes of
-# a benchmark share its processes, so both get the same allocator. Buffers above the threshold (dense gradients of large tables) still fault in afresh each step:
-# torch backs them with huge pages, as embshard asks where it is imported first (embshard/__init__.py).
+# a benchmark share its processes, so both get the same allocator.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 
 
@@ -73,14 +72,12 @@ def add_malloc_argument(parser: argparse.ArgumentParser) -> None:
 
 def malloc_env(choice: str) -> dict[str, str]:
     """The ranks' environment for ``--malloc``."""
-    return ({"GLIBC_TUNABLES": MALLOC_TUNABLES, "THP_MEM_ALLOC_ENABLE": "1"} if choice == "kept"
-            else {"THP_MEM_ALLOC_ENABLE": "0"})
+    return {"GLIBC_TUNABLES": MALLOC_TUNABLES} if choice == "kept" else {}
 
 
 def malloc_sentence(choice: str) -> str:
     return (f"glibc malloc keeping freed memory (GLIBC_TUNABLES={MALLOC_TUNABLES}: no page faults from re-allocation; "
-            "tensors of 2 MiB and more on huge pages, THP_MEM_ALLOC_ENABLE=1; `--malloc default`: glibc's and torch's "
-            "defaults)" if choice == "kept" else "glibc malloc and torch's allocator at their default settings")
+            "`--malloc default`: glibc's defaults)" if choice == "kept" else "glibc malloc at its default settings")
 
 
 def add_hosts_arguments(parser: argparse.ArgumentParser) -> None:
