@@ -149,7 +149,7 @@ def test_runtime_report_on_emulated_hosts_names_the_cluster_and_links_and_compar
     assert one_host.startswith(runtime.TITLE + "\n")
     assert f"2 ranks on CPU (1 thread each, glibc malloc keeping freed memory (GLIBC_TUNABLES={local_ranks.MALLOC_TUNABLES}" in one_host
     default = runtime.markdown(results, {**meta, "malloc": "default"})
-    assert "(1 thread each, glibc malloc and torch's allocator at their default settings), batch 512" in default
+    assert "(1 thread each, glibc malloc at its default settings), batch 512" in default
 
 
 def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(train, local_ranks):
@@ -162,7 +162,7 @@ def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(trai
     text = train.markdown([result], meta)
     assert "Commit: abc1234 (uncommitted changes). Load average (1, 5, 15 min) before / after the run: 0.50 0.40 0.30 / 2.00 1.00 0.50." in text
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 1 Gbit/s inter-host links (QUICK")
-    assert "FBGEMM CPU 1.8.0, glibc malloc and torch's allocator at their default settings." in text
+    assert "FBGEMM CPU 1.8.0, glibc malloc at its default settings." in text
     assert f"inter-host links: {SHAPING})" in text and "the median of 3 rounds of 6 steps (after 2 warmup steps each)" in text
     row = next(line for line in text.splitlines() if line.startswith("| DLRM"))
     assert row == ("| DLRM dot, batch 512 | table_wise 26 | 2.0 | 1,000 | 1,100 | 800 | 850 | 1.18x [1.18, 1.18] | 1.29x [1.29, 1.29] "
