@@ -62,8 +62,8 @@ def grid(dims: Sequence[int], rows: Sequence[int], batches: Sequence[int], pooli
     table that ``shared_features`` features look up (if 2 or more; the smallest batch only); tables above
     max_table_elements (rows x dim) are skipped. The allreduce mode's points run on ``allreduce_ranks`` ranks: every
     rank streams its whole replica at once, sharing the host's memory bandwidth, and the gradient is all-reduced,
-    as in training (one rank alone streams faster: 8 tables of 1M rows x 64 cost 1.3x their one-rank time a rank on
-    2 ranks of the 2-core Intel VM, beyond the all-reduce)."""
+    as in training (one rank alone streams faster: 3 tables of 750k rows x 64 in all took 255-283 ms a step on one
+    rank, 492-502 ms a rank on 2 ranks of the 2-core Intel VM, of which the model puts ~115 in the all-reduce)."""
     points = []
     for d, n, b, p in itertools.product(dims, rows, batches, poolings):
         if n * d > max_table_elements:

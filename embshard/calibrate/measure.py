@@ -155,7 +155,8 @@ def instrument_backward(roots: Sequence[Any], clock: PhaseClock) -> int:
 def timed_replica_sync(clock: PhaseClock) -> Iterator[None]:
     """Time the collectives data-parallel replicas run inside their backward (all_reduce,
     all_to_all_single, all_gather_into_tensor, reduce_scatter_tensor, on gloo or through shared memory
-    (`embshard.runtime.shared_group`), and the hierarchical all-reduce whole: its copies and sums too) as dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs.
+    (`embshard.runtime.shared_group`), and the hierarchical all-reduce whole: its copies and sums too) as
+    dp_allreduce_ms: these functions are wrapped in this process while a lookup backward node runs.
 
     The allreduce mode's all-reduce runs here whole inside its lookup backward node, and its optimizer step (which the
     runtime runs in an engine callback when backward ends, `DenseReplicas._apply_landed`) as lookup_bwd_ms: in
