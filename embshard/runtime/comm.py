@@ -21,6 +21,7 @@ instead of gloo's loopback TCP: the same results, the same bytes counted. ``EMBS
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import weakref
@@ -33,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from embshard.planner.cost.traffic import TrafficBytes, ring_allreduce_sent
-from embshard.runtime.shared_group import SharedGroup
+from embshard.runtime.shared_group import SharedGroup, group_timeout_s
 from embshard.specs import piece_rows
 from embshard.topology import Topology
 
@@ -182,9 +183,11 @@ def use_hosts(pg: dist.ProcessGroup, topology: Topology) -> HostGroups | None:
     if L not in made:
         ranks, me = dist.get_process_group_ranks(pg), dist.get_rank(pg)
         host, index = divmod(me, L)
-        # made in the same order on every rank: names of locally synchronised groups count the groups a rank has
-        made[L] = (dist.new_group(ranks[host * L:(host + 1) * L], use_local_synchronization=True),
-                   dist.new_group(ranks[index::L], use_local_synchronization=True))
+        # made in the same order on every rank: names of locally synchronised groups count the groups a rank has; they
+        # fail a collective after pg's timeout (torch's default for a new group is 30 min, whatever pg's)
+        timeout = datetime.timedelta(seconds=group_timeout_s(pg))
+        made[L] = (dist.new_group(ranks[host * L:(host + 1) * L], timeout=timeout, use_local_synchronization=True),
+                   dist.new_group(ranks[index::L], timeout=timeout, use_local_synchronization=True))
     _host_groups[pg] = HostGroups(topology, *made[L])
     return _host_groups[pg]
 

@@ -14,7 +14,7 @@ A rank whose message does not fit posts size -1: every rank sees it after the sa
 call on gloo instead, then grow the file together to twice the largest size posted. A sum, the same size on every
 rank, runs in rounds of the slot instead (the file grown to SUM_ROUND_BYTES first), however large. A rank that waits checks its
 peers' processes every WATCH_S, so one that exited fails the others at once (as gloo fails when a peer's connection
-drops); one alive but stuck fails them after WAIT_S (the launcher's default ``collective_timeout_s``).
+drops); one alive but stuck fails them after the process group's timeout (`group_timeout_s`), as gloo would.
 
     group = SharedGroup.create(pg, same_host=True)          # collective; None where it cannot run (use gloo)
     out = group.all_to_all(x, out_splits, in_splits)          # as embshard.runtime.comm.all_to_all
@@ -41,7 +41,7 @@ SHM_DIR = Path("/dev/shm")
 START_BYTES = 1 << 20  # each rank's slot half at first; grown on demand
 MAX_BYTES = 1 << 30  # the file's largest size: beyond it every call runs on gloo
 SUM_ROUND_BYTES = 4 << 20  # a sum runs in rounds of at most the slot, which it grows to this size where smaller
-WAIT_S = 300.0
+WAIT_S = 300.0  # where a group's timeout cannot be read (the launcher's default ``collective_timeout_s``)
 WATCH_S = 0.5
 SPIN_S = 2e-4  # a wait spins (yielding the core) this long, then naps NAP_S between looks
 NAP_S = 5e-5
@@ -57,6 +57,7 @@ class SharedGroup:
         self.lines = memory[:self.world * line * 8].view(torch.int64).view(self.world, line)
         self.slots = memory[self.world * line * 8:].view(2, self.world, slot_bytes)
         self.round = 0
+        self.wait_s = group_timeout_s(pg)
 
     @staticmethod
     def create(pg: dist.ProcessGroup, same_host: bool, slot_bytes: int = START_BYTES) -> "SharedGroup | None":
@@ -178,7 +179,7 @@ class SharedGroup:
 
     def _wait(self, round_: int) -> None:
         """Until every rank's flag reaches ``round_``; dist.DistError (as gloo raises when a peer goes away) if a
-        peer's process is gone or after WAIT_S. Spinning answers a peer that is about to arrive within microseconds;
+        peer's process is gone or after the group's timeout. Spinning answers a peer that is about to arrive within microseconds;
         past SPIN_S the peer is computing (ranks skew by milliseconds), and a napping waiter leaves the core to whatever
         shares it (a rank of 4 on 2 cores, gloo's threads) and costs no CPU time, which the calibration measures."""
         start = watched = time.monotonic()
@@ -193,10 +194,19 @@ class SharedGroup:
             watched = now
             behind = [r for r in range(self.world) if int(self.lines[r, _FLAG]) < round_]
             gone = [r for r in behind if not _alive(int(self.lines[r, _PID]))]
-            if gone or now - start > WAIT_S:
-                why = "exited" if gone else f"did not arrive in {WAIT_S:.0f} s"
+            if gone or now - start > self.wait_s:
+                why = "exited" if gone else f"did not arrive in {self.wait_s:.0f} s (the process group's timeout)"
                 raise dist.DistError(f"shared-memory collective: rank(s) {gone or behind} of the group {why} while "
                                      f"rank {self.rank} waited (round {round_})")
+
+
+def group_timeout_s(pg: dist.ProcessGroup) -> float:
+    """The timeout ``pg``'s gloo backend fails a collective after (init_process_group's or new_group's ``timeout``);
+    WAIT_S where torch does not say."""
+    try:
+        return pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return WAIT_S
 
 
 def _open(pg: dist.ProcessGroup, slot_bytes: int, usable: bool) -> SharedGroup | None:

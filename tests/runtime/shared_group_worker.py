@@ -101,6 +101,21 @@ def exits(pg, rank: int, world: int) -> dict:
     return {"error": None}
 
 
+def stuck(pg, rank: int, world: int) -> dict:
+    """On a group of a 3 s timeout, the last rank stays alive but skips the second round: the others fail after 3 s."""
+    group = SharedGroup.create(dist.new_group(list(range(world)), timeout=timedelta(seconds=3)), same_host=True)
+    group.sum_(torch.ones(64))
+    if rank == world - 1:
+        time.sleep(12)
+        return {"error": None}
+    start = time.monotonic()
+    try:
+        group.sum_(torch.ones(64))
+    except RuntimeError as e:
+        return {"error": str(e), "seconds": time.monotonic() - start, "wait_s": group.wait_s}
+    return {"error": None}
+
+
 def refused(pg, rank: int, world: int) -> dict:
     """None on every rank where the topology says the ranks span hosts, or the file would pass MAX_BYTES."""
     other_hosts = SharedGroup.create(pg, same_host=False)
@@ -114,12 +129,12 @@ def main() -> None:
     for flag in ("--world-size", "--rank", "--port"):
         parser.add_argument(flag, type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--case", required=True, choices=("sums", "a2a", "scatter_gather", "exit", "refused"))
+    parser.add_argument("--case", required=True, choices=("sums", "a2a", "scatter_gather", "exit", "stuck", "refused"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world_size, timeout=timedelta(seconds=60))
-    case = {"sums": sums, "a2a": a2a, "scatter_gather": scatter_gather, "exit": exits, "refused": refused}[args.case]
+    case = {"sums": sums, "a2a": a2a, "scatter_gather": scatter_gather, "exit": exits, "stuck": stuck, "refused": refused}[args.case]
     args.out.write_text(json.dumps(case(dist.group.WORLD, args.rank, args.world_size)))
     os._exit(0)  # no teardown: a peer of the exit case is gone
 

@@ -1,7 +1,7 @@
 """embshard.runtime.shared_group on real gloo ranks (shared_group_worker.py): its sum equals gloo's all-reduce (bit
 for bit on 2 ranks, up to the order of the additions on 3) and is the same on every rank, a sum past the slot in
 rounds; its all-to-all equals gloo's for any splits and dtype, and so do its reduce-scatter and all-gather; any
-other message past the slot runs that call on gloo and grows the file; the file leaves no trace in /dev/shm; a rank that exits fails the others at once; where it cannot run, every rank gets None."""
+other message past the slot runs that call on gloo and grows the file; the file leaves no trace in /dev/shm; a rank that exits fails the others at once, one alive but stuck after the group's timeout; where it cannot run, every rank gets None."""
 
 from __future__ import annotations
 
@@ -75,6 +75,14 @@ def test_a_rank_that_exits_fails_the_others_at_once() -> None:
     for rank in ranks[:2]:
         assert rank["error"] and "rank(s) [2]" in rank["error"] and "exited" in rank["error"], rank
         assert rank["seconds"] < 10
+
+
+def test_a_rank_alive_but_stuck_fails_the_others_after_the_groups_timeout() -> None:
+    ranks = _run(3, "stuck")
+    for rank in ranks[:2]:
+        assert rank["error"] and "rank(s) [2]" in rank["error"] and "did not arrive in 3 s" in rank["error"], rank
+        assert rank["wait_s"] == 3 and 3 <= rank["seconds"] < 10, rank
+    assert ranks[2] == {"error": None}
 
 
 def test_none_on_every_rank_where_it_cannot_run() -> None:
