@@ -7,10 +7,15 @@ The side thread talks over a process group of its own (same ranks, same backend)
 group must be issued in the same order on every rank, and the main thread's output dist, gradient
 all-to-alls and DDP all-reduces interleave with the side thread's at random. That group stays on gloo where
 the main one runs through shared memory (one host, `embshard.runtime.comm.use_shared_memory`): a rank waiting
-there spins, and a side thread spinning takes the cores the main threads compute on (DLRM-v2, 2 ranks on 2
-cores, one round each: pipelined 1.14x TorchRec with the side group on shared memory, 1.19x on gloo). The results are those of
-the plain step, bit for bit: the same input dist computed earlier. A batch refused by a rank raises
-its ValueError on every rank from `next`, as the plain forward does. Serving (embshard/serving/)
+there polls, and a side thread's waits are long (its peers' side threads start at other times), where gloo blocks
+in the kernel (DLRM-v2, 2 ranks on 2 cores, one round each, when a wait still spun: pipelined 1.14x TorchRec with
+the side group on shared memory, 1.19x on gloo; with today's naps, one round each, within noise of gloo). The
+results are those of the plain step, bit for bit: the same input dist computed earlier. A collection whose
+look-ups are all local (data-parallel tables trained by an all-reduce, `all_local`) is left to its forward: its
+input dist ships nothing, and its header, in flight behind its look-ups there, would cost the side thread a
+collective and a hand-over for no overlap (the runtime benchmark's data_parallel small, 2 hosts x 2 ranks:
+pipelined 0.93x TorchRec, plain 1.02x). A batch refused by a rank raises its ValueError on every rank from
+`next`, as the plain forward does. Serving (embshard/serving/)
 does not use it: a request batch exists only once its requests have arrived, so there is no next
 batch to distribute early without holding the current one back (more latency).
 
@@ -68,4 +73,4 @@ class InputPipeline(Generic[T]):
 
     def _prepare(self) -> tuple[T, list[tuple[nn.Module, KeyedJaggedTensor, Distributed]]]:
         item = self.read()
-        return item, [(c, features, c.distribute(features, self.pg)) for c, features in self.inputs(item)]
+        return item, [(c, features, c.distribute(features, self.pg)) for c, features in self.inputs(item) if not c.all_local]
