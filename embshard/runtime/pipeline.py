@@ -9,12 +9,13 @@ all-to-alls and DDP all-reduces interleave with the side thread's at random. Tha
 the main one runs through shared memory (one host, `embshard.runtime.comm.use_shared_memory`): a rank waiting
 there polls, and a side thread's waits are long (its peers' side threads start at other times), where gloo blocks
 in the kernel (DLRM-v2, 2 ranks on 2 cores, one round each, when a wait still spun: pipelined 1.14x TorchRec with
-the side group on shared memory, 1.19x on gloo; with today's naps, one round each, within noise of gloo). The
+the side group on shared memory, 1.19x on gloo; with the naps of 1802d02, one round each, within noise of gloo). The
 results are those of the plain step, bit for bit: the same input dist computed earlier. A collection whose
 look-ups are all local (data-parallel tables trained by an all-reduce, `all_local`) is left to its forward: its
 input dist ships nothing, and its header, in flight behind its look-ups there, would cost the side thread a
-collective and a hand-over for no overlap (the runtime benchmark's data_parallel small, 2 hosts x 2 ranks:
-pipelined 0.93x TorchRec, plain 1.02x). A batch refused by a rank raises its ValueError on every rank from
+collective and a hand-over for no overlap (the runtime benchmark's data_parallel small, 2 hosts x 2 ranks: at
+9dbb23f pipelined 0.93x TorchRec, plain 1.02x; left out since 98cc170, pipelined 49,285 samples/s, plain 48,764).
+A batch refused by a rank raises its ValueError on every rank from
 `next`, as the plain forward does. Serving (embshard/serving/)
 does not use it: a request batch exists only once its requests have arrived, so there is no next
 batch to distribute early without holding the current one back (more latency).
