@@ -57,7 +57,7 @@ class SharedGroup:
         self.lines = memory[:self.world * line * 8].view(torch.int64).view(self.world, line)
         self.slots = memory[self.world * line * 8:].view(2, self.world, slot_bytes)
         self.round = 0
-        self.wait_s = group_timeout_s(pg)
+        self.wait_s = group_timeout_s(pg) or WAIT_S
 
     @staticmethod
     def create(pg: dist.ProcessGroup, same_host: bool, slot_bytes: int = START_BYTES) -> "SharedGroup | None":
@@ -200,13 +200,13 @@ class SharedGroup:
                                      f"rank {self.rank} waited (round {round_})")
 
 
-def group_timeout_s(pg: dist.ProcessGroup) -> float:
-    """The timeout ``pg``'s gloo backend fails a collective after (init_process_group's or new_group's ``timeout``);
-    WAIT_S where torch does not say."""
+def group_timeout_s(pg: dist.ProcessGroup) -> float | None:
+    """The timeout ``pg``'s CPU (gloo) backend fails a collective after (init_process_group's or new_group's
+    ``timeout``); None where torch does not say (a group without a CPU backend: nccl)."""
     try:
         return pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     except (AttributeError, RuntimeError):
-        return WAIT_S
+        return None
 
 
 def _open(pg: dist.ProcessGroup, slot_bytes: int, usable: bool) -> SharedGroup | None:
