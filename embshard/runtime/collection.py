@@ -154,8 +154,8 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded,
-                                  across_hosts=plan.topology.num_hosts > 1) if local and not self.inference else None
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded) \
+                if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
         self.all_local = not self.sharded and all(g.local for g in self.replica_groups)

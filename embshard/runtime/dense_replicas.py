@@ -45,11 +45,8 @@ from embshard.specs import ZERO_GRADIENT_MOVES, dp_allreduce_floats_per_row, pie
 
 # The all-reduce runs in this many pieces at once, each stack's rows updated as soon as their piece lands: on gloo
 # its two worker threads carry two at once, and the update of the first overlaps the second (data_parallel small,
-# 2 ranks on 2 cores over gloo, 3 MB: 17.9 -> 16.1 and 18.4 -> 17.0 ms a step, interleaved medians of 80). Buffers
-# under PIECE_MIN_FLOATS a piece go in fewer. Through shared memory (one host) the sum runs whole anyway
-# (`comm.all_reduce_pieces`). Where the ranks span hosts it runs in one piece: two rings at once share the link and
-# the cores (runtime benchmark, 2 hosts x 2 ranks, 2 Gbit/s, data_parallel small, 4 paired runs of 40 steps: 1.00x,
-# 1.00x, 0.99x, 1.00x TorchRec in one piece, 0.95x, 0.97x, 0.96x, 0.95x in two).
+# 2 ranks on 2 cores, 3 MB: 17.9 -> 16.1 and 18.4 -> 17.0 ms a step, interleaved medians of 80). Buffers under PIECE_MIN_FLOATS a piece
+# go in fewer.
 ALLREDUCE_PIECES = 2
 PIECE_MIN_FLOATS = 1 << 18
 
@@ -75,7 +72,7 @@ class DenseReplicas:
 
     def __init__(self, kernels: Sequence[nn.Module], specs: Sequence[KernelSpec], pooled: bool,
                  config: OptimizerConfig, pg: dist.ProcessGroup, comms: CommsPrecision = CommsPrecision(),
-                 sharded: bool = False, across_hosts: bool = False) -> None:
+                 sharded: bool = False) -> None:
         self.kernels, self.specs, self.pooled, self.config, self.pg = list(kernels), list(specs), pooled, config, pg
         self.comms, self.sharded = comms, sharded
         self.rank, self.world = dist.get_rank(pg), dist.get_world_size(pg)
@@ -91,8 +88,8 @@ class DenseReplicas:
         self.stacks, self.grad_numel, self.flat_numel = _layout(self.specs, self.dense_grad)
         self._params: dict[int, tuple[list[Tensor], list[dict[str, Tensor]], list[int]]] = {}  # `_stack_params`
         # the all-reduce in pieces, all in flight at once, each stack's rows updated as their piece lands
-        self.cuts, self.units = _update_plan(self.stacks, self.grad_numel, self.flat_numel,
-                                              1 if across_hosts else ALLREDUCE_PIECES, PIECE_MIN_FLOATS)
+        self.cuts, self.units = _update_plan(self.stacks, self.grad_numel, self.flat_numel, ALLREDUCE_PIECES,
+                                              PIECE_MIN_FLOATS)
         # per kernel of per-id gradients: each slot's first row in its width's stack
         self.slot_base = [None if dense else torch.tensor(_slot_base(spec), dtype=torch.int64, device=self.placeholder.device)
                           for spec, dense in zip(self.specs, self.dense_grad)]

@@ -5,8 +5,7 @@ no bytes counted; backward: one all-reduce (every table's gradient in one flat b
 reduction comes first). A table-wise
 plan of the same tables, for contrast, sends its ids and embeddings (two all-to-alls in, one out).
 That such collections train exactly as the unsharded reference: rt_training's data_parallel cases, and
-here with the all-reduce in pieces (dense_replicas.ALLREDUCE_PIECES; these tables are under its floor), and in one
-piece where the ranks span hosts.
+here with the all-reduce in pieces (dense_replicas.ALLREDUCE_PIECES; these tables are under its floor).
 Beside table-wise tables, backward all-reduces them before the sharded tables' all-to-all (`backward_order`).
 """
 
@@ -121,25 +120,20 @@ def backward_order(pg: dist.ProcessGroup, pooled: bool) -> dict:
             "err_all_reduce_after_all_to_all": float(first["all_reduce"] > first["all_to_all_single"])}
 
 
-def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int, across_hosts: bool = False) -> dict:
-    """The data-parallel all-reduce in ``pieces`` on one host (its floor lowered so that these small tables are cut,
-    inside stacks and between them; adam's counted rows wait for the last), trained against the unsharded reference;
-    ``across_hosts`` (4 ranks as 2 hosts of 2): in one piece, whatever ALLREDUCE_PIECES says."""
+def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int) -> dict:
+    """The data-parallel all-reduce in ``pieces`` (its floor lowered so that these small tables are cut, inside
+    stacks and between them; adam's counted rows wait for the last), trained against the unsharded reference."""
     import embshard.runtime.dense_replicas as dense_replicas
     from rt_training import train
-    specs, W = (POOLED if pooled else SEQUENCE), dist.get_world_size(pg)
+    specs = POOLED if pooled else SEQUENCE
     floor, count = dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES
     dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES = 16, pieces
     try:
-        topo = topology(W) if across_hosts else dataclasses.replace(topology(W), local_world_size=W)
-        assert (topo.num_hosts > 1) == across_hosts
-        plan = make_plan(specs, topo, [ST.DATA_PARALLEL] * len(specs))
+        plan = make_plan(specs, topology(dist.get_world_size(pg)), [ST.DATA_PARALLEL] * len(specs))
         sharded, _, _, errors = train(specs, plan, pg, pooled=pooled, weighted=pooled, seed=52, data_parallel_mode="allreduce")
     finally:
         dense_replicas.PIECE_MIN_FLOATS, dense_replicas.ALLREDUCE_PIECES = floor, count
     replicas = sharded.dense_replicas
-    if across_hosts:
-        return {**errors, "err_pieces": float(len(replicas.cuts))}
     inside = sum(any(u.stack == v.stack and u.row_lo == v.row_hi for v in replicas.units) for u in replicas.units)
     return {**errors, "err_pieces": abs(len(replicas.cuts) + 1 - pieces), "err_no_cut_inside_a_stack": float(inside == 0)}
 
@@ -147,8 +141,6 @@ def in_pieces(pg: dist.ProcessGroup, pooled: bool, pieces: int, across_hosts: bo
 def cases(world_size: int) -> dict:
     order = {"backward-order-pooled": lambda pg: backward_order(pg, True),
              "backward-order-sequence": lambda pg: backward_order(pg, False)} if world_size == 2 else {}  # any W alike
-    if world_size == 4:  # topology(4): 2 hosts of 2
-        order["allreduce-one-piece-across-hosts"] = lambda pg: in_pieces(pg, True, 3, across_hosts=True)
     return {"local-only-collectives-pooled": lambda pg: local_only(pg, True),
             "local-only-collectives-sequence": lambda pg: local_only(pg, False), **order,
             "allreduce-in-pieces-pooled": lambda pg: in_pieces(pg, True, 3),
