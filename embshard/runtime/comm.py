@@ -183,14 +183,19 @@ def use_hosts(pg: dist.ProcessGroup, topology: Topology) -> HostGroups | None:
     if L not in made:
         ranks, me = dist.get_process_group_ranks(pg), dist.get_rank(pg)
         host, index = divmod(me, L)
-        # made in the same order on every rank: names of locally synchronised groups count the groups a rank has; they
-        # fail a collective after pg's timeout where gloo's says it (torch's default for a new group: 30 min, whatever pg's)
-        timeout_s = group_timeout_s(pg)
-        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        made[L] = (dist.new_group(ranks[host * L:(host + 1) * L], timeout=timeout, use_local_synchronization=True),
-                   dist.new_group(ranks[index::L], timeout=timeout, use_local_synchronization=True))
+        # made in the same order on every rank: names of locally synchronised groups count the groups a rank has
+        made[L] = (new_subgroup(pg, ranks[host * L:(host + 1) * L], use_local_synchronization=True),
+                   new_subgroup(pg, ranks[index::L], use_local_synchronization=True))
     _host_groups[pg] = HostGroups(topology, *made[L])
     return _host_groups[pg]
+
+
+def new_subgroup(pg: dist.ProcessGroup, ranks: Sequence[int], **kwargs) -> dist.ProcessGroup:
+    """`dist.new_group` of ``ranks`` (of ``pg``) that fails a collective after ``pg``'s timeout where gloo's says it
+    (torch's default for a new group is 30 min, whatever ``pg``'s)."""
+    timeout_s = group_timeout_s(pg)
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    return dist.new_group(list(ranks), timeout=timeout, **kwargs)
 
 
 def host_groups(pg: dist.ProcessGroup) -> HostGroups | None:

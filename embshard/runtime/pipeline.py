@@ -1,6 +1,6 @@
 """A pipelined input dist, as TorchRec's `TrainPipelineSparseDist` does: while batch k runs its forward
 and backward, a side thread reads batch k+1 and runs its input dist (validation, the header
-all-gather, the lengths and ids all-to-alls) for every sharded collection; batch k+1's forward then
+all-gather, the lengths and ids all-to-alls) for every collection that ships ids (below); batch k+1's forward then
 starts at its lookups.
 
 The side thread talks over a process group of its own (same ranks, same backend): collectives of one
@@ -15,9 +15,8 @@ look-ups are all local (data-parallel tables trained by an all-reduce, `all_loca
 input dist ships nothing, and its header, in flight behind its look-ups there, would cost the side thread a
 collective and a hand-over for no overlap (the runtime benchmark's data_parallel small, 2 hosts x 2 ranks: at
 9dbb23f pipelined 0.93x TorchRec, plain 1.02x; left out since 98cc170, pipelined 49,285 samples/s, plain 48,764).
-A batch refused by a rank raises its ValueError on every rank from
-`next`, as the plain forward does. Serving (embshard/serving/)
-does not use it: a request batch exists only once its requests have arrived, so there is no next
+The side group fails a collective after the main group's timeout, as the main one does. A batch refused by a rank
+raises its ValueError on every rank from `next`, as the plain forward does. Serving (embshard/serving/) does not use it: a request batch exists only once its requests have arrived, so there is no next
 batch to distribute early without holding the current one back (more latency).
 
     pipeline = InputPipeline(pg, read=lambda: next(stream), inputs=lambda b: [(model.sparse, b.sparse)])
@@ -34,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from embshard.runtime.comm import new_subgroup
 from embshard.runtime.input_dist import Distributed
 
 T = TypeVar("T")
@@ -45,7 +45,7 @@ class InputPipeline(Generic[T]):
     features. Creating one is collective (a new process group): every rank of the default group calls it."""
 
     def __init__(self, pg: dist.ProcessGroup, read: Callable[[], T], inputs: Inputs) -> None:
-        self.pg = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg))
+        self.pg = new_subgroup(pg, dist.get_process_group_ranks(pg), backend=dist.get_backend(pg))
         self.read, self.inputs = read, inputs
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="embshard-input-dist")
         self.pending: Future | None = None
