@@ -34,13 +34,28 @@ OPTIMIZER_STATE_FLOATS_PER_ROW = {
 }
 
 # Optimizers that move a looked-up row whose summed gradient is zero (adam's moments decay): a data-parallel
-# table trained by all-reduce (embshard.runtime.dense_replicas) all-reduces a count of ids per row for them too.
+# table trained by all-reduce (embshard.runtime.dense_replicas) all-reduces a count of ids per row for them too (or
+# with `sparse_dp_allreduce` updates the rows of the mask, the rows looked up anywhere).
 ZERO_GRADIENT_MOVES = frozenset({"adam"})
+
+# Across hosts the allreduce mode exchanges and updates only the rows some rank looked up (embshard.runtime.row_union:
+# the ranks first sum a mask of DP_ROW_MASK_BYTES per row), a table's whole gradient where DP_SPARSE_MAX_FRACTION of
+# its rows or more were looked up (as DDP; never for ZERO_GRADIENT_MOVES optimizers, which update the looked-up rows
+# only).
+DP_SPARSE_MAX_FRACTION = 0.5
+DP_ROW_MASK_BYTES = 2
+
+
+def sparse_dp_allreduce(num_hosts: int, sharded_dp_update: bool) -> bool:
+    """Whether the allreduce mode exchanges only the rows looked up (embshard.runtime.dense_replicas): where its ranks
+    span hosts (on one host the sum runs through shared memory: the mask and the index work cost more than the bytes
+    save), without a sharded update (which reduce-scatters every row)."""
+    return num_hosts > 1 and not sharded_dp_update
 
 
 def dp_allreduce_floats_per_row(optimizer: str, dim: int) -> int:
-    """Floats a data-parallel table trained by all-reduce puts in the flat buffer per row: its gradient, and
-    for `ZERO_GRADIENT_MOVES` optimizers its id count."""
+    """Floats a data-parallel table trained by all-reduce puts in the flat buffer per row (without
+    `sparse_dp_allreduce`): its gradient, and for `ZERO_GRADIENT_MOVES` optimizers its id count."""
     return dim + (optimizer in ZERO_GRADIENT_MOVES)
 
 

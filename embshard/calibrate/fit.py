@@ -42,10 +42,9 @@ from embshard.calibrate.measure import PHASES
 from embshard.planner.cost.allreduce import flat_total_ms, hierarchical_total_ms
 from embshard.planner.cost.perf import rank_perfs
 from embshard.planner.cost.perf import allreduce_ms, spread_comm_ms
-from embshard.planner.cost.traffic import wire_bytes
+from embshard.planner.cost.traffic import allreduce_exchange_floats, wire_bytes
 from embshard.planner.plan import ShardingPlan
 from embshard.planner.types import ShardingType
-from embshard.specs import dp_allreduce_floats_per_row
 from embshard.topology import CALIBRATED_TERMS, DP_HIER_TERMS, HOST_REDUCE_TERMS, PHASE_FACTORS, Topology
 
 BANDWIDTHS = ("hbm_gb_per_s", "intra_host_gb_per_s", "inter_host_gb_per_s", "dp_dense_gb_per_s")
@@ -236,8 +235,7 @@ def dp_allreduce_bytes(plan: ShardingPlan) -> list[float]:
     """Bytes each data-parallel table of ``plan`` trained by all-reduce puts in the buffer, on the wire, as
     `embshard.planner.cost.perf.allreduce_perf` prices it (per table)."""
     by_name, topo = {s.name: s for s in plan.specs}, plan.topology
-    return [by_name[t.name].num_embeddings * dp_allreduce_floats_per_row(by_name[t.name].optimizer, by_name[t.name].embedding_dim)
-            * wire_bytes(topo, "dp_allreduce") for t in plan.tables
+    return [allreduce_exchange_floats(by_name[t.name], topo) * wire_bytes(topo, "dp_allreduce") for t in plan.tables
             if t.sharding_type is ShardingType.DATA_PARALLEL and (t.data_parallel_mode or topo.data_parallel_mode) == "allreduce"]
 
 

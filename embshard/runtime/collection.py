@@ -70,7 +70,7 @@ from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_r
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
 from embshard.runtime.wire import TORCH_DTYPES
-from embshard.specs import TableSpec
+from embshard.specs import TableSpec, sparse_dp_allreduce
 from embshard.topology import DATA_PARALLEL_MODES
 
 
@@ -141,6 +141,8 @@ class _ShardedCollection(nn.Module):
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
         # sharded weight updates (the plan topology's sharded_dp_update): the all-reduce group's kernels only look up
         sharded = plan.topology.sharded_dp_update and not self.inference
+        # across hosts the all-reduce exchanges only the rows looked up (dense_replicas.py)
+        sparse = sparse_dp_allreduce(plan.topology.num_hosts, plan.topology.sharded_dp_update)
         self.replica_kernels = [self._kernel(replace(k, optimizer="sgd") if sharded and mode == "allreduce" else k)
                                 for mode, group in self.routing.replica_groups for k in group.kernels]
         self.input_dist = InputDist(self.routing, pg, self.device)
@@ -154,7 +156,7 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded) \
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded, sparse) \
                 if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)

@@ -45,19 +45,21 @@ def test_hierarchical_where_ranks_span_hosts_and_it_pays():
 
 
 def test_hierarchical_bytes_cross_hosts_once_per_local_share():
-    """2 hosts x 4 ranks, a 1000 x 7 data-parallel adam table: 8,000 floats (gradient and adam's count per row).
-    Hierarchical: each rank sends 3/4 of the buffer inside the host twice (reduce-scatter, all-gather) and
-    its 2,000 floats' ring share across (2 x 1,000); the ring sends 2 x 7/8 of it from one rank per host."""
-    topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=8)
-    specs = [TableSpec("t", 1000, 7, optimizer="adam")]
+    """2 hosts x 4 ranks, a 1000 x 8 data-parallel table whose rows are all looked up (8 x 1,024 ids): its whole
+    gradient, 8,000 floats, after a mask of 1,000 fp16 (embshard.runtime.row_union). Hierarchical: each rank sends
+    3/4 of a buffer inside the host twice (reduce-scatter, all-gather) and its 1/4 share's ring share across (2 x
+    1/2 of it); the ring sends 2 x 7/8 of it from one rank per host."""
+    topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=1024)
+    specs = [TableSpec("t", 1000, 8, optimizer="sgd")]
     layout = {"t": ("data_parallel", ())}
     tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, layout).tables]
     hier = evaluate(specs, topo, tables)
+    mask_in, mask_across = 2 * 750 * 2, 2 * 125 * 2
     for t in hier.traffic:
-        assert (t.intra_host_sent, t.intra_host_received) == (2 * 6000 * 4, 2 * 6000 * 4)
-        assert (t.inter_host_sent, t.inter_host_received) == (2 * 1000 * 4, 2 * 1000 * 4)
+        assert (t.intra_host_sent, t.intra_host_received) == (2 * 6000 * 4 + mask_in, 2 * 6000 * 4 + mask_in)
+        assert (t.inter_host_sent, t.inter_host_received) == (2 * 1000 * 4 + mask_across, 2 * 1000 * 4 + mask_across)
     flat = evaluate(specs, replace(topo, reduce_in_host=False), tables)
-    assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4] * 2
+    assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4 + 2 * 875 * 2] * 2
     assert sum(t.inter_host_sent for t in flat.traffic) == 1.75 * sum(t.inter_host_sent for t in hier.traffic)
 
 
@@ -107,12 +109,44 @@ def test_the_inter_host_legs_of_the_all_reduce_are_link_time_that_the_phase_fact
     assert runtime_allreduce_parts_ms(20 * MB, one_host)[1] == 0.0
     assert flat_allreduce_link_ms(20 * MB, replace(two_hosts, local_world_size=1)) == pytest.approx(flat_allreduce_ms(20 * MB, replace(two_hosts, local_world_size=1)))
 
-    specs = [TableSpec("t", 20_000, 64, optimizer="sgd")]  # 5.12 MB of gradients
+    specs = [TableSpec("t", 20_000, 64, optimizer="sgd")]  # 5.12 MB of gradients: every row looked up
     for topo in (two_hosts, replace(two_hosts, reduce_in_host=False), one_host):
+        topo = replace(topo, batch_size_per_rank=65_536)
         tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, {"t": ("data_parallel", ())}).tables]
         whole = evaluate(specs, topo, tables).ranks[0].perf.dp_allreduce_ms
         total, link = runtime_allreduce_parts_ms(20_000 * 64 * 4, topo)
         assert total == runtime_allreduce_ms(20_000 * 64 * 4, topo)
         assert (link > 0) == (topo.num_hosts > 1)
+        link += runtime_allreduce_parts_ms(20_000 * 2, topo)[1]  # and the mask of the rows looked up
         scaled = evaluate(specs, replace(topo, dp_allreduce_factor=0.15), tables).ranks[0].perf.dp_allreduce_ms
         assert scaled == pytest.approx(0.15 * (whole - link) + link, rel=1e-12)
+
+
+def test_across_hosts_the_allreduce_mode_exchanges_the_rows_looked_up():
+    """embshard.runtime.row_union: across hosts a table trained by all-reduce sends a mask of its rows (fp16) and the
+    gradient of the rows the global batch looks up (uniform ids: the expected distinct rows), or of every row where
+    that is half of them or more; adam's rows looked up only, without their counts. On one host: every row, as DDP."""
+    from embshard.planner.cost.traffic import allreduce_exchange_floats, allreduce_rows
+    from embshard.planner.cost.units import expected_distinct_rows
+
+    two_hosts = Topology(world_size=4, local_world_size=2, hbm_gib=1, batch_size_per_rank=512)
+    one_host = replace(two_hosts, local_world_size=4)
+    big, small = TableSpec("big", 100_000, 16), TableSpec("small", 1000, 16)
+    hit = expected_distinct_rows(4 * 512, 100_000)
+    assert 2000 < hit < 2048 and allreduce_rows(big, two_hosts) == pytest.approx(hit)
+    assert allreduce_rows(small, two_hosts) == 1000  # 2,048 ids of 1,000 rows: 87% looked up, the whole table
+    assert allreduce_rows(big, one_host) == 100_000
+    assert allreduce_rows(big, replace(two_hosts, sharded_dp_update=True)) == 100_000
+    adam = replace(small, optimizer="adam")
+    assert allreduce_exchange_floats(adam, two_hosts) == pytest.approx(expected_distinct_rows(2048, 1000) * 16)
+    assert allreduce_exchange_floats(adam, one_host) == 1000 * 17  # and its id counts
+    specs = [big]
+    flat = replace(two_hosts, reduce_in_host=False)  # one ring of 4: rank 1 sends across, 2 x 3/4 of each buffer
+    tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, flat, {"big": ("data_parallel", ())}).tables]
+    sent = [t.inter_host_sent for t in evaluate(specs, flat, tables).traffic]
+    grad_floats = round(hit * 16)
+    assert sent[1] == pytest.approx(2 * 3 / 4 * (grad_floats * 4 + 100_000 * 2), rel=1e-3) and sent[0] == 0
+    ms = {t: evaluate(specs, t, [replace(x, data_parallel_mode="allreduce") for x in
+                                 manual_plan(specs, t, {"big": ("data_parallel", ())}).tables]).ranks[0].perf.dp_allreduce_ms
+          for t in (flat, replace(flat, local_world_size=4))}
+    assert ms[flat] < ms[replace(flat, local_world_size=4)]  # 3% of the rows (and a mask) cross the link, not all

@@ -8,7 +8,7 @@ import pytest
 from embshard.planner import ShardingPlan, plan
 from embshard.planner.api import evaluate
 from embshard.planner.cost.hot_rows import hot_row_counts, hot_split, lookup_share
-from embshard.planner.cost.perf import hot_exchange_bytes
+from embshard.planner.cost.traffic import allreduce_exchange_floats
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
@@ -27,8 +27,9 @@ def test_lookup_share_follows_the_measured_curve():
     assert lookup_share(dataclasses.replace(spec, hot_rows=None), 1000) == pytest.approx(0.001)  # no curve: uniform
     cold, hot = hot_split(spec, 1000)
     assert (cold.pooling_factor, hot.pooling_factor, hot.num_embeddings) == pytest.approx((14.0, 6.0, 1000))
-    assert hot_exchange_bytes(spec, 1000) == 1000 * 64 * 4  # gradient rows (rowwise_adagrad: no id counts)
-    assert hot_exchange_bytes(dataclasses.replace(spec, optimizer="adam"), 1000) == 1000 * 65 * 4  # and adam's counts
+    assert allreduce_exchange_floats(hot, TOPO) == 1000 * 64  # every hot row looked up: the whole gradient
+    sharded = dataclasses.replace(TOPO, sharded_dp_update=True)
+    assert allreduce_exchange_floats(dataclasses.replace(hot, optimizer="adam"), sharded) == 1000 * 65  # and adam's counts
     assert hot_row_counts(spec) == [0, 1000, 10_000, 50_000] and hot_row_counts(dataclasses.replace(spec, hot_rows=None)) == [0]
 
 

@@ -24,6 +24,7 @@ import rt_hot_rows  # noqa: E402
 import rt_inference  # noqa: E402
 import rt_local_only  # noqa: E402
 import rt_model  # noqa: E402
+import rt_row_union  # noqa: E402
 import rt_sharded_update  # noqa: E402
 import rt_traffic  # noqa: E402
 import rt_training  # noqa: E402
@@ -36,7 +37,7 @@ def all_case_functions(world_size: int) -> dict:
     return {**rt_training.training_cases(world_size), **rt_bad_input.cases(world_size), **rt_header.cases(world_size), **rt_model.cases(world_size),
             **rt_inference.cases(world_size), **rt_traffic.cases(world_size), **rt_hot_rows.cases(world_size),
             **rt_sharded_update.cases(world_size), **rt_local_only.cases(world_size),
-            **rt_transport.cases(world_size)}
+            **rt_transport.cases(world_size), **rt_row_union.cases(world_size)}
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ the spec's measured ``hot_rows`` curve), the cold part is the table with pooling
 P (1 - q) and the replica an h-row table with pooling factor P q. What that removes is the cold
 part's traffic: its ids (pooled and sequence) and, for sequence tables, one row per id in both
 output-dist directions; pooled outputs stay one per bag. What it adds: the replica's memory and
-optimizer state on every rank and its all-reduce (`embshard.planner.cost.perf.hot_exchange_bytes`
-per step: the runtime's flat buffer, a dense fp32 gradient per hot row and, for adam, its id count).
+optimizer state on every rank and its all-reduce (`embshard.planner.cost.perf.allreduce_perf`: a fp32
+gradient per hot row looked up, and the mask of those rows).
 """
 
 from __future__ import annotations

@@ -10,17 +10,12 @@ import math
 
 from embshard.planner.cost.tiers import hit_rate
 from embshard.planner.cost.traffic import ID_BYTES, OUTPUT_BYTES
-from embshard.planner.cost.units import bytes_ms, work_ms
+from embshard.planner.cost.units import bytes_ms, expected_distinct_rows, work_ms
 from embshard.planner.types import Location
 from embshard.specs import TableSpec
 from embshard.topology import Topology
 
 SECTOR_BYTES = 32
-
-
-def expected_distinct_rows(num_ids: float, num_rows: int) -> float:
-    """Distinct rows hit by num_ids ids drawn uniformly from num_rows rows."""
-    return num_rows * -math.expm1(-num_ids / num_rows) if num_rows > 0 else 0.0
 
 
 def row_bytes(spec: TableSpec, num_cols: int) -> int:

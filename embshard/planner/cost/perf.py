@@ -78,9 +78,10 @@ from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allredu
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.lookup import expected_distinct_rows, located_lookup_ms, lookup_ms, lookup_terms, row_bytes
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
+from embshard.planner.cost.traffic import allreduce_exchange_floats, allreduce_rows
 from embshard.planner.cost.units import bytes_ms, work_ms
 from embshard.planner.types import Location, Perf, ShardingType
-from embshard.specs import TableSpec, dp_allreduce_floats_per_row
+from embshard.specs import DP_ROW_MASK_BYTES, TableSpec, sparse_dp_allreduce
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 _NO_LINK = Perf()
@@ -242,8 +243,9 @@ def cheaper_data_parallel_mode(spec: TableSpec, topo: Topology, inference: bool 
 
 
 def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> Perf:
-    """A replicated table looked up locally, its dense gradient all-reduced (the runtime's
-    "allreduce" mode, embshard.runtime.dense_replicas). The runtime all-reduces the mode's tables of a collection
+    """A replicated table looked up locally, its dense gradient all-reduced (the runtime's "allreduce" mode,
+    embshard.runtime.dense_replicas; across hosts only the rows looked up anywhere, after a mask of those rows:
+    `allreduce_rows`). The runtime all-reduces the mode's tables of a collection
     in one buffer: a table pays its bytes, the call's fixed cost is the mode group's (`mode_group_perf`)."""
     B, F, N, D = topo.batch_size_per_rank, spec.num_features, spec.num_embeddings, spec.embedding_dim
     ids = B * spec.pooling_factor * F
@@ -251,18 +253,25 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
     rb = row_bytes(spec, D)
     fwd = bytes_ms(ids * (ID_BYTES + rb) + out_rows * D * OUTPUT_BYTES, topo.hbm_gb_per_s)
     grad_bytes = N * D * GRAD_BYTES
-    # dense backward: zero + scatter-add the full gradient, then update every row and its state (sharded updates:
-    # 1/W of the rows, whose gradient is first copied into the reduce-scatter's buffer): streaming work over
-    # the whole table at dp_dense_gb_per_s, beside the per-id gradient at the lookups' bandwidth
+    # dense backward: zero + scatter-add the full gradient, then update the rows some rank looked up and their state
+    # (`allreduce_rows`; fewer than all: their gradient first gathered into the exchange's buffer; sharded updates: 1/W
+    # of the rows, whose gradient is first copied into the reduce-scatter's buffer): streaming work at
+    # dp_dense_gb_per_s, beside the per-id gradient at the lookups' bandwidth
     W = topo.world_size if topo.sharded_dp_update else 1
-    dense_bytes = (2 + (W > 1)) * grad_bytes + N / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
+    updated = allreduce_rows(spec, topo)
+    gathered = (W > 1 or updated < N) * updated * D * GRAD_BYTES
+    dense_bytes = 2 * grad_bytes + gathered + updated / W * 2 * (rb + spec.optimizer_state_bytes_per_row(D))
     # calibrated: the replica kernel's work, local routing and assembly, one collective
     out_bytes = out_rows * D * OUTPUT_BYTES
     fwd += work_ms(ids, topo.dp_fwd_ns_per_id)
     bwd = (bytes_ms(out_bytes + ids * rb, topo.hbm_gb_per_s) + bytes_ms(dense_bytes, topo.dp_dense_gb_per_s)
            + work_ms(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
            + work_ms(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
-    exchange_ms, link_ms = _dp_exchange_ms(N * dp_allreduce_floats_per_row(spec.optimizer, D), topo)
+    exchange_ms, link_ms = _dp_exchange_ms(allreduce_exchange_floats(spec, topo), topo)
+    if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):  # the mask of the rows looked up (its call's
+        # fixed cost: `mode_group_perf`)
+        mask_ms, mask_link_ms = runtime_allreduce_parts_ms(N * DP_ROW_MASK_BYTES, topo)
+        exchange_ms, link_ms = exchange_ms + mask_ms - runtime_allreduce_parts_ms(0, topo)[0], link_ms + mask_link_ms
     return _factored(Perf(
         input_dist_ms=_route_ms(spec, topo, ids, B * F),
         lookup_fwd_ms=fwd,
@@ -283,12 +292,6 @@ def _dp_exchange_ms(num_floats: int, topo: Topology) -> tuple[float, float]:
         num_bytes = num_floats * (wire + GRAD_BYTES) / 2
         return flat_allreduce_ms(num_bytes, topo) + collective_fixed_ms(topo, 2), flat_allreduce_link_ms(num_bytes, topo)
     return runtime_allreduce_parts_ms(num_floats * wire, topo)
-
-
-def hot_exchange_bytes(spec: TableSpec, num_hot_rows: int) -> int:
-    """Bytes each rank all-reduces per step for a table's hot replica (cost/hot_rows.py): what the runtime's
-    flat buffer holds, fp32 gradient rows and adam's count per row (priced as the gradient: `data_parallel_perf`)."""
-    return num_hot_rows * dp_allreduce_floats_per_row(spec.optimizer, spec.embedding_dim) * GRAD_BYTES
 
 
 def replicated_lookup_perf(spec: TableSpec, topo: Topology) -> Perf:
@@ -335,13 +338,14 @@ def dp_mode_of(t) -> str | None:
 
 def mode_group_perf(topo: Topology, mode: str, inference: bool = False) -> Perf:
     """What a collection pays once per data-parallel mode group present (embshard.runtime.collection, beside
-    each table's share and each kernel's call): "allreduce", the fixed cost of its one all-reduce (or
-    reduce-scatter and all-gather) of the group's buffer; "replicated_lookup", the fixed cost of its own input
+    each table's share and each kernel's call): "allreduce", the fixed cost of its all-reduce of the group's
+    buffer (across hosts also of the rows' mask; or reduce-scatter and all-gather of the buffer); "replicated_lookup", the fixed cost of its own input
     dist (three collectives: batch sizes, lengths, ids). Serving looks replicas up locally: nothing."""
     if inference:
         return Perf()
     if mode == "allreduce":
-        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)[0]), topo)
+        mask_ms = runtime_allreduce_parts_ms(0, topo)[0] if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update) else 0.0
+        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)[0] + mask_ms), topo)
     return _factored(Perf(input_dist_ms=topo.input_dist_call_ms + 3 * collective_fixed_ms(topo)), topo)
 
 

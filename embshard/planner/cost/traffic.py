@@ -14,7 +14,9 @@ first: the row shards of one feature on one host (its *members*) all-to-all thei
 sums so that one member holds the host's sum for each sample owner, and that
 member alone sends it to the owner (backward mirrors it; `reducers`). A host with one member sends
 directly. With ``topology.reduce_in_host`` off, every row shard sends its own partial sums.
-The all-reduce is the one the runtime runs (`embshard.planner.cost.allreduce`): a ring over
+Across hosts the data-parallel all-reduce of the rows some rank looked up (`allreduce_rows`; ids uniform, so a
+skewed batch sends fewer) follows the all-reduce of a mask of DP_ROW_MASK_BYTES per row (embshard.runtime.row_union);
+each all-reduce is the one the runtime runs (`embshard.planner.cost.allreduce`): a ring over
 the ranks in rank order (`ring_allreduce_sent`: the counter cannot see inside the backend's
 algorithm), or hierarchical (reduce-scatter in the host as an all-to-all, rings across hosts,
 all-gather in the host).
@@ -31,8 +33,10 @@ from embshard.comms import WIRE_BYTES
 from embshard.planner.cost.allreduce import hierarchical_allreduce
 from embshard.planner.cost.hot_rows import hot_split
 
+from embshard.planner.cost.units import expected_distinct_rows
 from embshard.planner.types import ShardingType
-from embshard.specs import TableSpec, dp_allreduce_floats_per_row, piece_rows, sharded_segment_floats
+from embshard.specs import (DP_ROW_MASK_BYTES, DP_SPARSE_MAX_FRACTION, ZERO_GRADIENT_MOVES, TableSpec,
+                            dp_allreduce_floats_per_row, piece_rows, sharded_segment_floats, sparse_dp_allreduce)
 from embshard.topology import Topology
 
 ID_BYTES = 8  # int64 ids
@@ -143,18 +147,18 @@ def rank_traffic_bytes(specs: Sequence[TableSpec], topo: Topology, placements: S
     placements (TablePlacement-like)."""
     by_name = {s.name: s for s in specs}
     links = _Links(topo)
-    reduced: dict[bool, list[tuple[int, int, str]]] = {True: [], False: []}  # pooled / sequence collection: one all-reduce each
+    reduced: dict[bool, list[TableSpec]] = {True: [], False: []}  # pooled / sequence collection: one exchange each
     for t in placements:
         spec = by_name[t.name]
         if t.sharding_type is ShardingType.DATA_PARALLEL:
             if (getattr(t, "data_parallel_mode", None) or topo.data_parallel_mode) == "replicated_lookup":
                 _replicated_lookup(spec, topo, links)
             else:
-                reduced[spec.pooled].append((spec.num_embeddings, spec.embedding_dim, spec.optimizer))
+                reduced[spec.pooled].append(spec)
             continue
         if getattr(t, "hot_rows", 0):  # the cold lookups travel; the hot replica joins the all-reduce (cost/hot_rows.py)
             spec, hot = hot_split(spec, t.hot_rows)
-            reduced[spec.pooled].append((hot.num_embeddings, hot.embedding_dim, hot.optimizer))
+            reduced[spec.pooled].append(hot)
         _sharded(spec, topo, t.sharding_type, t.shards, links)
     out = links.per_rank()
     for tables in reduced.values():
@@ -195,22 +199,51 @@ def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
         links.to_one(q, F * (B * LENGTH_BYTES + ids * ID_BYTES) + F * rows * spec.embedding_dim * wire_bytes(topo, "backward"))
 
 
-def _dp_exchange_bytes(tables: Sequence[tuple[int, int, str]], topo: Topology) -> list[TrafficBytes]:
-    """One collection's data-parallel exchange (tables: rows, width, optimizer) as the runtime runs it: with
+def allreduce_rows(spec: TableSpec, topo: Topology) -> float:
+    """Rows of a data-parallel table trained by all-reduce whose gradient the runtime exchanges and updates per step:
+    with `sparse_dp_allreduce` (embshard.runtime.row_union) those the global batch looks up (ids uniform: the
+    expected distinct rows, more than a skewed batch hits), or every row where that is DP_SPARSE_MAX_FRACTION of them
+    or more (not for ZERO_GRADIENT_MOVES optimizers); else every row."""
+    N = spec.num_embeddings
+    if not sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+        return N
+    hit = expected_distinct_rows(topo.batch_size_per_rank * spec.pooling_factor * spec.num_features * topo.world_size, N)
+    return hit if hit < DP_SPARSE_MAX_FRACTION * N or spec.optimizer in ZERO_GRADIENT_MOVES else N
+
+
+def allreduce_exchange_floats(spec: TableSpec, topo: Topology) -> float:
+    """Elements a data-parallel table trained by all-reduce puts in its collection's exchange per step: its
+    `allreduce_rows`' gradient, and without `sparse_dp_allreduce` adam's id count per row too."""
+    if not sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+        return spec.num_embeddings * dp_allreduce_floats_per_row(spec.optimizer, spec.embedding_dim)
+    return allreduce_rows(spec, topo) * spec.embedding_dim
+
+
+def _dp_exchange_bytes(specs: Sequence[TableSpec], topo: Topology) -> list[TrafficBytes]:
+    """One collection's data-parallel exchange (its tables trained by all-reduce) as the runtime runs it: with
     ``sharded_dp_update`` a reduce-scatter (on the wire) and an all-gather (fp32) of W segments as rings, each
-    passing W - 1 segments to the next rank; else the all-reduce of the flat buffer
-    (`embshard.planner.cost.allreduce`): a ring over all ranks, or reduce-scatter in the host, a ring across
-    hosts, all-gather in the host."""
+    passing W - 1 segments to the next rank; else the all-reduce (with `sparse_dp_allreduce`: of the mask of the rows
+    looked up, then of those rows' gradients: `allreduce_rows`)."""
     links = _Links(topo)
-    W, L, e = topo.world_size, topo.local_world_size, wire_bytes(topo, "dp_allreduce")
+    W, e = topo.world_size, wire_bytes(topo, "dp_allreduce")
     if topo.sharded_dp_update:
+        tables = [(s.num_embeddings, s.embedding_dim, s.optimizer) for s in specs]
         sent = (W - 1) * sharded_segment_floats(tables, W) * (e + GRAD_BYTES)
         links.add(np.arange(W), (np.arange(W) + 1) % W, np.full(W, sent))
         return links.per_rank()
-    num_elems = sum(n * dp_allreduce_floats_per_row(opt, w) for n, w, opt in tables)
+    if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+        _all_reduce(sum(s.num_embeddings for s in specs), DP_ROW_MASK_BYTES, topo, links)
+    _all_reduce(round(sum(allreduce_exchange_floats(s, topo) for s in specs)), e, topo, links)
+    return links.per_rank()
+
+
+def _all_reduce(num_elems: int, e: int, topo: Topology, links: _Links) -> None:
+    """An all-reduce of num_elems elements of e bytes as the runtime runs it (`embshard.planner.cost.allreduce`):
+    a ring over all ranks, or reduce-scatter in the host, a ring across hosts, all-gather in the host."""
+    W, L = topo.world_size, topo.local_world_size
     if not hierarchical_allreduce(num_elems * e, topo):
         links.add(np.arange(W), (np.arange(W) + 1) % W, np.asarray(ring_allreduce_sent(num_elems, W)) * e)
-        return links.per_rank()
+        return
     chunks = np.asarray(piece_rows(num_elems, L))
     local = np.arange(W) % L
     src, dst = np.divmod(np.arange(W * L), L)  # every rank to every rank of its host: src, dst's local index
@@ -221,4 +254,3 @@ def _dp_exchange_bytes(tables: Sequence[tuple[int, int, str]], topo: Topology) -
     for i in range(L):  # a ring over the hosts of local rank i's share, in host order
         ring = np.arange(H) * L + i
         links.add(ring, np.roll(ring, -1), np.asarray(ring_allreduce_sent(int(chunks[i]), H)) * e)
-    return links.per_rank()
