@@ -70,7 +70,7 @@ from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_r
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
 from embshard.runtime.wire import TORCH_DTYPES
-from embshard.specs import TableSpec, sparse_dp_allreduce
+from embshard.specs import TableSpec, sparse_dp_allreduce, sparse_dp_table
 from embshard.topology import DATA_PARALLEL_MODES
 
 
@@ -141,7 +141,7 @@ class _ShardedCollection(nn.Module):
         self.kernels = [self._kernel(k) for k in self.routing.kernels]
         # sharded weight updates (the plan topology's sharded_dp_update): the all-reduce group's kernels only look up
         sharded = plan.topology.sharded_dp_update and not self.inference
-        # across hosts the all-reduce exchanges only the rows looked up (dense_replicas.py)
+        # across hosts the all-reduce exchanges only the rows looked up of tables that are not small (dense_replicas.py)
         sparse = sparse_dp_allreduce(plan.topology.num_hosts, plan.topology.sharded_dp_update)
         self.replica_kernels = [self._kernel(replace(k, optimizer="sgd") if sharded and mode == "allreduce" else k)
                                 for mode, group in self.routing.replica_groups for k in group.kernels]
@@ -156,7 +156,9 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded, sparse) \
+            sparse_group = sparse and any(sparse_dp_table(b.num_rows, b.num_cols, k.optimizer) for k in group.kernels
+                                          for b in k.blocks)
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded, sparse_group) \
                 if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)
@@ -258,9 +260,14 @@ class _ShardedCollection(nn.Module):
             batch_sizes = self._batch_sizes(d)
             with self._phase("output_dist"):
                 received = exchange(batch_sizes)
-            return received, self._look_up_replicas(d), batch_sizes
-        replica_outs = self._look_up_replicas(d)
-        return None, replica_outs, self._batch_sizes(d)
+            replica_outs = self._look_up_replicas(d)
+        else:
+            replica_outs = self._look_up_replicas(d)
+            received, batch_sizes = None, self._batch_sizes(d)
+        for g in self.replica_groups:  # every rank's batch is good: the masks of the rows looked up may travel
+            if g.dense:
+                g.dense.start_mask()
+        return received, replica_outs, batch_sizes
 
     def _look_up_replicas(self, d: Distributed) -> list[list[Tensor]]:
         with self._phase("lookup"):

@@ -15,10 +15,11 @@ looked it up, or its gradients cancel) is unchanged by sgd, adagrad and rowwise_
 moves a looked-up one (its moments decay), so adam tables also all-reduce a count of ids per
 row and update the rows counted (`embshard.specs.dp_allreduce_floats_per_row`).
 
-Across hosts (``sparse``: the plan topology has several; `embshard.specs.sparse_dp_allreduce`) only the rows some
-rank looked up are exchanged and updated: the ranks first sum a mask of the rows they hit (embshard.runtime.row_union),
-then all-reduce those rows' gradient in a compact buffer (a whole block's where most of its rows were looked up; adam
-needs no counts: the mask's rows are the rows counted). 2 hosts x 2 ranks, 2 Gbit/s, the runtime benchmark's
+Across hosts (``sparse``: the plan topology has several, `embshard.specs.sparse_dp_allreduce`, and a table is not
+small, `embshard.specs.sparse_dp_table`) only the rows some rank looked up are exchanged and updated: the ranks sum a
+mask of the rows they hit (embshard.runtime.row_union; started in forward), then all-reduce those rows' gradient in a
+compact buffer (a whole block's where most of its rows were looked up or it is small; adam needs no counts: the
+mask's rows are the rows counted). 2 hosts x 2 ranks, 2 Gbit/s, the runtime benchmark's
 data_parallel small (18 tables, 47k rows, 27% looked up): 52,777 -> 75,745 samples/s. On one host, where the sum runs
 through shared memory, the mask's extra collective and the index work cost more than the bytes save (the same case
 on 2 ranks, 43% looked up: 439k and 399k samples/s whole, 386k and 342k sparse, paired runs).
@@ -48,7 +49,7 @@ from embshard.runtime.lookup import FbgemmKernel
 from embshard.runtime.comm import all_gather, reduce_scatter
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state
 from embshard.runtime.routing import KernelSpec
-from embshard.runtime.row_union import RowUnion
+from embshard.runtime.row_union import Pending, RowUnion
 from embshard.runtime.wire import wire_all_reduce_pieces_, wire_reduce_scatter
 from embshard.specs import ZERO_GRADIENT_MOVES, dp_allreduce_floats_per_row, piece_rows
 
@@ -104,6 +105,7 @@ class DenseReplicas:
                           for spec, dense in zip(self.specs, self.dense_grad)]
         assert not (sparse and sharded), "a sharded update reduce-scatters every row"
         self.union = RowUnion(self.stacks, self.specs, pooled, self.placeholder.device) if sparse else None
+        self.pending: Pending | None = None  # the last look-up's mask, until `start_mask`
         if sharded:
             self.pieces = _pieces(self.stacks, self.specs, self.world)
             self.segment = sum(p.floats for p in self.pieces if p.rank == 0)
@@ -113,7 +115,16 @@ class DenseReplicas:
                                 for p in self.pieces if p.rank == self.rank}
 
     def __call__(self, received: Received) -> list[Tensor]:
-        return list(_LocalLookup.apply(self.placeholder, self, received, torch.is_grad_enabled()))
+        """The look-ups; with grad enabled across hosts, the mask of the rows looked up waits for `start_mask`."""
+        training = torch.is_grad_enabled()
+        self.pending = Pending(self.union, received.inputs, self.pg) if self.union is not None and training else None
+        return list(_LocalLookup.apply(self.placeholder, self, received, training, self.pending))
+
+    def start_mask(self) -> None:
+        """Start the all-reduce of the last look-up's mask (every rank's batch known good: the header was read)."""
+        if self.pending is not None:
+            self.pending.start()
+            self.pending = None
 
     def per_id_grads(self, k: int, x, grad: Tensor) -> dict[int, tuple[Tensor, Tensor]]:
         """width -> (row of each id in the kernel's stack of that width [N], its gradient [N, width])."""
@@ -147,11 +158,11 @@ class DenseReplicas:
             out[w] = (ids + torch.repeat_interleave(base_w.repeat_interleave(B), lengths_w, output_size=n), g)
         return out
 
-    def update(self, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None]) -> None:
+    def update(self, inputs, grads: Sequence[Tensor], graphs: Sequence[tuple[Tensor, Tensor] | None],
+               pending: Pending | None) -> None:
         """Dense gradients (and adam's id counts) of every stack -> one all-reduce (sparse: of the rows some rank
-        looked up, `RowUnion`; sharded: a reduce-scatter) -> each table's optimizer.
+        looked up: ``pending``'s summed mask, `Pending`; sharded: a reduce-scatter) -> each table's optimizer.
         graphs: per kernel, its dense lookup's (output, weights leaf) (`FbgemmKernel.dense_lookup`) or None."""
-        union = self.union.start(inputs, self.pg) if self.union else None  # travels while the gradient is made
         if len(self.kernels) == 1 and graphs[0] is not None:
             # the whole buffer is one kernel's dense weight gradient (FBGEMM's backward, nothing counted): all-reduced as it is
             flat = torch.autograd.grad(graphs[0][0], graphs[0][1], grads[0])[0].view(-1)
@@ -163,7 +174,7 @@ class DenseReplicas:
         if self.sharded:
             self._sharded_update(flat, steps)
             return
-        rows = self.union.rows(union()) if union else None
+        rows = self.union.rows(pending()) if pending is not None else None
         if rows and any(r is not None for r in rows):
             self._update_rows_looked_up(flat, rows, steps)
             return
@@ -499,11 +510,13 @@ def _pieces(stacks: Sequence[_Stack], specs: Sequence[KernelSpec], world: int) -
 
 class _LocalLookup(torch.autograd.Function):
     """Forward: every replica kernel on this rank's ids (no fused update; with grad enabled, the kernels of
-    `DenseReplicas.dense_grad` by FBGEMM's dense kernel). Backward: `DenseReplicas.update`."""
+    `DenseReplicas.dense_grad` by FBGEMM's dense kernel). Backward: `DenseReplicas.update`, with the mask of the
+    rows looked up across hosts (``pending``, started by then)."""
 
     @staticmethod
-    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received, training: bool):
-        ctx.owner, ctx.inputs, ctx.graphs, outs = owner, received.inputs, [], []
+    def forward(ctx, placeholder: Tensor, owner: DenseReplicas, received: Received, training: bool,
+                pending: Pending | None):
+        ctx.owner, ctx.inputs, ctx.graphs, ctx.pending, outs = owner, received.inputs, [], pending, []
         for kernel, x, dense in zip(owner.kernels, received.inputs, owner.dense_grad):
             graph = kernel.dense_lookup(x.indices, x.offsets, x.per_sample_weights) if dense and training else None
             ctx.graphs.append(graph)
@@ -513,8 +526,8 @@ class _LocalLookup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Tensor):
-        ctx.owner.update(ctx.inputs, grads, ctx.graphs)
-        return None, None, None, None
+        ctx.owner.update(ctx.inputs, grads, ctx.graphs, ctx.pending)
+        return None, None, None, None, None
 
 
 def _device(kernels: Sequence[nn.Module]) -> torch.device:

@@ -45,21 +45,20 @@ def test_hierarchical_where_ranks_span_hosts_and_it_pays():
 
 
 def test_hierarchical_bytes_cross_hosts_once_per_local_share():
-    """2 hosts x 4 ranks, a 1000 x 8 data-parallel table whose rows are all looked up (8 x 1,024 ids): its whole
-    gradient, 8,000 floats, after a mask of 1,000 fp16 (embshard.runtime.row_union). Hierarchical: each rank sends
-    3/4 of a buffer inside the host twice (reduce-scatter, all-gather) and its 1/4 share's ring share across (2 x
-    1/2 of it); the ring sends 2 x 7/8 of it from one rank per host."""
-    topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=1024)
+    """2 hosts x 4 ranks, a 1000 x 8 data-parallel table (small: its whole gradient, 8,000 floats, no mask of the rows
+    looked up, embshard.runtime.row_union). Hierarchical: each rank sends 3/4 of the buffer inside the host twice
+    (reduce-scatter, all-gather) and its 2,000 floats' ring share across (2 x 1,000); the ring sends 2 x 7/8 of it
+    from one rank per host."""
+    topo = Topology(world_size=8, local_world_size=4, hbm_gib=1, batch_size_per_rank=8)
     specs = [TableSpec("t", 1000, 8, optimizer="sgd")]
     layout = {"t": ("data_parallel", ())}
     tables = [replace(t, data_parallel_mode="allreduce") for t in manual_plan(specs, topo, layout).tables]
     hier = evaluate(specs, topo, tables)
-    mask_in, mask_across = 2 * 750 * 2, 2 * 125 * 2
     for t in hier.traffic:
-        assert (t.intra_host_sent, t.intra_host_received) == (2 * 6000 * 4 + mask_in, 2 * 6000 * 4 + mask_in)
-        assert (t.inter_host_sent, t.inter_host_received) == (2 * 1000 * 4 + mask_across, 2 * 1000 * 4 + mask_across)
+        assert (t.intra_host_sent, t.intra_host_received) == (2 * 6000 * 4, 2 * 6000 * 4)
+        assert (t.inter_host_sent, t.inter_host_received) == (2 * 1000 * 4, 2 * 1000 * 4)
     flat = evaluate(specs, replace(topo, reduce_in_host=False), tables)
-    assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4 + 2 * 875 * 2] * 2
+    assert [t.inter_host_sent for t in flat.traffic] == [0, 0, 0, 2 * 7000 * 4] * 2
     assert sum(t.inter_host_sent for t in flat.traffic) == 1.75 * sum(t.inter_host_sent for t in hier.traffic)
 
 
@@ -125,7 +124,8 @@ def test_the_inter_host_legs_of_the_all_reduce_are_link_time_that_the_phase_fact
 def test_across_hosts_the_allreduce_mode_exchanges_the_rows_looked_up():
     """embshard.runtime.row_union: across hosts a table trained by all-reduce sends a mask of its rows (fp16) and the
     gradient of the rows the global batch looks up (uniform ids: the expected distinct rows), or of every row where
-    that is half of them or more; adam's rows looked up only, without their counts. On one host: every row, as DDP."""
+    that is half of them or more; adam's rows looked up only, without their counts; a small table (gradient under
+    256 KiB) whole. On one host: every row, as DDP."""
     from embshard.planner.cost.traffic import allreduce_exchange_floats, allreduce_rows
     from embshard.planner.cost.units import expected_distinct_rows
 
@@ -134,7 +134,9 @@ def test_across_hosts_the_allreduce_mode_exchanges_the_rows_looked_up():
     big, small = TableSpec("big", 100_000, 16), TableSpec("small", 1000, 16)
     hit = expected_distinct_rows(4 * 512, 100_000)
     assert 2000 < hit < 2048 and allreduce_rows(big, two_hosts) == pytest.approx(hit)
-    assert allreduce_rows(small, two_hosts) == 1000  # 2,048 ids of 1,000 rows: 87% looked up, the whole table
+    assert allreduce_rows(small, two_hosts) == 1000  # 64 KB of gradient: whole
+    assert allreduce_rows(replace(big, num_embeddings=4095), two_hosts) == 4095  # just under 256 KiB
+    assert allreduce_rows(replace(big, num_embeddings=4096), two_hosts) < 4096 * 0.5
     assert allreduce_rows(big, one_host) == 100_000
     assert allreduce_rows(big, replace(two_hosts, sharded_dp_update=True)) == 100_000
     adam = replace(small, optimizer="adam")

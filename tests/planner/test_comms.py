@@ -11,8 +11,7 @@ from embshard.comms import WIRE_BYTES, CommsPrecision
 from embshard.planner import ShardingPlan, manual_plan, plan
 from embshard.planner.plan import SCHEMA_VERSION
 from embshard.plan_cli import planner_options
-from embshard.planner.cost.allreduce import runtime_allreduce_parts_ms
-from embshard.specs import DP_ROW_MASK_BYTES, TableSpec
+from embshard.specs import TableSpec
 from embshard.topology import Topology
 
 V2_FILE = Path(__file__).parent / "data" / "plan_v2_comms.json"  # written by embshard at a549129 (schema version 2)
@@ -50,13 +49,11 @@ def test_cost_model_prices_bytes_per_element(forward, backward, dp):
     full = manual_plan(SPECS, TOPO, layout)
     quant = manual_plan(SPECS, replace(TOPO, comms=CommsPrecision(forward, backward, dp)), layout)
     scale = {k: WIRE_BYTES[v] / WIRE_BYTES["fp32"] for k, v in (("fwd", forward), ("bwd", backward), ("dp", dp))}
-    # the mask of the data-parallel rows looked up (table c) is fp16 whatever the gradient's wire dtype
-    mask_ms = runtime_allreduce_parts_ms(64 * DP_ROW_MASK_BYTES, TOPO)[0]
     for a, b in zip(full.ranks, quant.ranks):
         assert a.perf.output_dist_fwd_ms > 0 and a.perf.dp_allreduce_ms > 0
         assert math.isclose(b.perf.output_dist_fwd_ms, scale["fwd"] * a.perf.output_dist_fwd_ms, rel_tol=1e-12)
         assert math.isclose(b.perf.output_dist_bwd_ms, scale["bwd"] * a.perf.output_dist_bwd_ms, rel_tol=1e-12)
-        assert math.isclose(b.perf.dp_allreduce_ms - mask_ms, scale["dp"] * (a.perf.dp_allreduce_ms - mask_ms), rel_tol=1e-12)
+        assert math.isclose(b.perf.dp_allreduce_ms, scale["dp"] * a.perf.dp_allreduce_ms, rel_tol=1e-12)
         assert b.perf.input_dist_ms == a.perf.input_dist_ms and b.perf.lookup_fwd_ms == a.perf.lookup_fwd_ms
 
 

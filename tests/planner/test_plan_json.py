@@ -119,24 +119,21 @@ def test_traffic_bytes_are_the_cost_models_and_round_trip():
     c (data-parallel, 30 x 8, sgd: no id counts): an all-reduce of 30 x 8 = 240 floats, hierarchical (it
       pays: NVLink in the host): rank 0 owns the first 120; reduce-scatter and all-gather inside the host each
       send 120 floats to rank 1 and receive 120 from it; the ring across hosts of those 120 (chunks 60, 60)
-      with rank 2 sends 2 x (120 - 60) floats and receives as many. Its rows are looked up (32 ids of 30 rows: more
-      than half, so the whole gradient goes) after the mask of those rows, 30 fp16 (embshard.runtime.row_union), also
-      hierarchical: 2 x 15 in the host; across hosts 2 x (15 - 7) sent, 2 x (15 - 8) received (chunks 8, 7)."""
+      with rank 2 sends 2 x (120 - 60) floats and receives as many."""
     topo = Topology(world_size=4, local_world_size=2, hbm_gib=1, batch_size_per_rank=8)
     specs = [TableSpec("a", 64, 8, pooling_factor=2, feature_names=("a1", "a2")), TableSpec("b", 40, 4),
              TableSpec("c", 30, 8)]
     p = manual_plan(specs, topo, {"a": ("row_wise", (0, 1, 2, 3)), "b": ("table_wise", (1,)), "c": ("data_parallel", ())})
     t = p.traffic[0]
-    in_host = 2 * 120 * 4 + 2 * 15 * 2
+    in_host = 2 * 120 * 4
     assert t.intra_host_sent == 192 + 2 * 2 * 512 + 128 + 128 + in_host
     assert t.intra_host_received == 192 + 2 * 2 * 512 + 128 + in_host
-    assert t.inter_host_sent == 2 * 192 + 2 * 512 + 2 * (120 - 60) * 4 + 2 * (15 - 7) * 2
-    assert t.inter_host_received == 2 * 192 + 2 * 512 + 2 * (120 - 60) * 4 + 2 * (15 - 8) * 2
+    assert t.inter_host_sent == 2 * 192 + 2 * 512 + 2 * (120 - 60) * 4
+    assert t.inter_host_received == 2 * 192 + 2 * 512 + 2 * (120 - 60) * 4
     flat = evaluate(specs, replace(topo, reduce_in_host=False), p.tables).traffic[0]  # c still all-reduced
     # flat: rank 0 sends its partial sums to each other owner and receives each other shard's for itself
-    # (512 each; backward mirrors); the ring sends 2 x (240 - 60) floats to rank 1, receives as many from rank 3,
-    # and the mask's 2 x (30 - 8) fp16
-    ring = 2 * (240 - 60) * 4 + 2 * (30 - 8) * 2
+    # (512 each; backward mirrors); the ring sends 2 x (240 - 60) floats to rank 1, receives as many from rank 3
+    ring = 2 * (240 - 60) * 4
     assert (flat.intra_host_sent, flat.intra_host_received) == (192 + 2 * 512 + 128 + 128 + ring, 192 + 2 * 512 + 128)
     assert (flat.inter_host_sent, flat.inter_host_received) == (2 * 192 + 4 * 512, 2 * 192 + 4 * 512 + ring)
     assert json.loads(p.to_json())["ranks"][0]["traffic_bytes"] == t.to_dict()

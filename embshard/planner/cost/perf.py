@@ -78,10 +78,10 @@ from embshard.planner.cost.allreduce import hierarchical_allreduce_ms as allredu
 from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.lookup import expected_distinct_rows, located_lookup_ms, lookup_ms, lookup_terms, row_bytes
 from embshard.planner.cost.traffic import GRAD_BYTES, ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES, wire_bytes  # noqa: F401
-from embshard.planner.cost.traffic import allreduce_exchange_floats, allreduce_rows
+from embshard.planner.cost.traffic import allreduce_exchange_floats, allreduce_rows, masked
 from embshard.planner.cost.units import bytes_ms, work_ms
 from embshard.planner.types import Location, Perf, ShardingType
-from embshard.specs import DP_ROW_MASK_BYTES, TableSpec, sparse_dp_allreduce
+from embshard.specs import DP_ROW_MASK_BYTES, TableSpec
 from embshard.topology import DATA_PARALLEL_MODES, Topology
 
 _NO_LINK = Perf()
@@ -268,10 +268,10 @@ def allreduce_perf(spec: TableSpec, topo: Topology, inference: bool = False) -> 
            + work_ms(ids * D * GRAD_BYTES, topo.dp_bwd_ns_per_id_byte)
            + work_ms(expected_distinct_rows(ids, N), topo.dp_bwd_ns_per_row))
     exchange_ms, link_ms = _dp_exchange_ms(allreduce_exchange_floats(spec, topo), topo)
-    if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):  # the mask of the rows looked up (its call's
-        # fixed cost: `mode_group_perf`)
+    if masked(spec, topo):  # the mask of the rows looked up: its bytes and (per such table: a collection with several
+        # runs one mask, so this overprices it by their number less one) its call
         mask_ms, mask_link_ms = runtime_allreduce_parts_ms(N * DP_ROW_MASK_BYTES, topo)
-        exchange_ms, link_ms = exchange_ms + mask_ms - runtime_allreduce_parts_ms(0, topo)[0], link_ms + mask_link_ms
+        exchange_ms, link_ms = exchange_ms + mask_ms, link_ms + mask_link_ms
     return _factored(Perf(
         input_dist_ms=_route_ms(spec, topo, ids, B * F),
         lookup_fwd_ms=fwd,
@@ -338,14 +338,13 @@ def dp_mode_of(t) -> str | None:
 
 def mode_group_perf(topo: Topology, mode: str, inference: bool = False) -> Perf:
     """What a collection pays once per data-parallel mode group present (embshard.runtime.collection, beside
-    each table's share and each kernel's call): "allreduce", the fixed cost of its all-reduce of the group's
-    buffer (across hosts also of the rows' mask; or reduce-scatter and all-gather of the buffer); "replicated_lookup", the fixed cost of its own input
+    each table's share and each kernel's call): "allreduce", the fixed cost of its one all-reduce (or
+    reduce-scatter and all-gather) of the group's buffer (the mask's across hosts: `allreduce_perf`); "replicated_lookup", the fixed cost of its own input
     dist (three collectives: batch sizes, lengths, ids). Serving looks replicas up locally: nothing."""
     if inference:
         return Perf()
     if mode == "allreduce":
-        mask_ms = runtime_allreduce_parts_ms(0, topo)[0] if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update) else 0.0
-        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)[0] + mask_ms), topo)
+        return _factored(Perf(dp_allreduce_ms=_dp_exchange_ms(0, topo)[0]), topo)
     return _factored(Perf(input_dist_ms=topo.input_dist_call_ms + 3 * collective_fixed_ms(topo)), topo)
 
 

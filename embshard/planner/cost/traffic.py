@@ -36,7 +36,8 @@ from embshard.planner.cost.hot_rows import hot_split
 from embshard.planner.cost.units import expected_distinct_rows
 from embshard.planner.types import ShardingType
 from embshard.specs import (DP_ROW_MASK_BYTES, DP_SPARSE_MAX_FRACTION, ZERO_GRADIENT_MOVES, TableSpec,
-                            dp_allreduce_floats_per_row, piece_rows, sharded_segment_floats, sparse_dp_allreduce)
+                            dp_allreduce_floats_per_row, piece_rows, sharded_segment_floats, sparse_dp_allreduce,
+                            sparse_dp_table)
 from embshard.topology import Topology
 
 ID_BYTES = 8  # int64 ids
@@ -201,20 +202,27 @@ def _replicated_lookup(spec: TableSpec, topo: Topology, links: _Links) -> None:
 
 def allreduce_rows(spec: TableSpec, topo: Topology) -> float:
     """Rows of a data-parallel table trained by all-reduce whose gradient the runtime exchanges and updates per step:
-    with `sparse_dp_allreduce` (embshard.runtime.row_union) those the global batch looks up (ids uniform: the
-    expected distinct rows, more than a skewed batch hits), or every row where that is DP_SPARSE_MAX_FRACTION of them
-    or more (not for ZERO_GRADIENT_MOVES optimizers); else every row."""
+    with `sparse_dp_allreduce` (embshard.runtime.row_union), for a table that is not small (`sparse_dp_table`), those
+    the global batch looks up (ids uniform: the expected distinct rows, more than a skewed batch hits), or every row
+    where that is DP_SPARSE_MAX_FRACTION of them or more (not for ZERO_GRADIENT_MOVES optimizers); else every row."""
     N = spec.num_embeddings
-    if not sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+    if not masked(spec, topo):
         return N
     hit = expected_distinct_rows(topo.batch_size_per_rank * spec.pooling_factor * spec.num_features * topo.world_size, N)
     return hit if hit < DP_SPARSE_MAX_FRACTION * N or spec.optimizer in ZERO_GRADIENT_MOVES else N
 
 
+def masked(spec: TableSpec, topo: Topology) -> bool:
+    """Whether the rows of this data-parallel table trained by all-reduce are chosen by the mask of the rows looked up
+    (and a collection with such a table all-reduces that mask)."""
+    return sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update) and sparse_dp_table(
+        spec.num_embeddings, spec.embedding_dim, spec.optimizer)
+
+
 def allreduce_exchange_floats(spec: TableSpec, topo: Topology) -> float:
     """Elements a data-parallel table trained by all-reduce puts in its collection's exchange per step: its
-    `allreduce_rows`' gradient, and without `sparse_dp_allreduce` adam's id count per row too."""
-    if not sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+    `allreduce_rows`' gradient, and where no mask chooses them (`masked`) adam's id count per row too."""
+    if not masked(spec, topo):
         return spec.num_embeddings * dp_allreduce_floats_per_row(spec.optimizer, spec.embedding_dim)
     return allreduce_rows(spec, topo) * spec.embedding_dim
 
@@ -231,7 +239,7 @@ def _dp_exchange_bytes(specs: Sequence[TableSpec], topo: Topology) -> list[Traff
         sent = (W - 1) * sharded_segment_floats(tables, W) * (e + GRAD_BYTES)
         links.add(np.arange(W), (np.arange(W) + 1) % W, np.full(W, sent))
         return links.per_rank()
-    if sparse_dp_allreduce(topo.num_hosts, topo.sharded_dp_update):
+    if any(masked(s, topo) for s in specs):  # one fp16 per row of every table of the collection's buffer
         _all_reduce(sum(s.num_embeddings for s in specs), DP_ROW_MASK_BYTES, topo, links)
     _all_reduce(round(sum(allreduce_exchange_floats(s, topo) for s in specs)), e, topo, links)
     return links.per_rank()
