@@ -20,7 +20,8 @@ small, `embshard.specs.sparse_dp_table`) only the rows some rank looked up are e
 mask of the rows they hit (embshard.runtime.row_union; started in forward), then all-reduce those rows' gradient in a
 compact buffer (a whole block's where most of its rows were looked up or it is small; adam needs no counts: the
 mask's rows are the rows counted). 2 hosts x 2 ranks, 2 Gbit/s, the runtime benchmark's
-data_parallel small (18 tables, 47k rows, 27% looked up): 52,777 -> 75,745 samples/s. On one host, where the sum runs
+data_parallel small (18 tables, 47k rows, 27% looked up): 52,777 -> 75,745 samples/s at 18e05c2 (every table
+masked; 73,121 in results/runtime.md at 825c302, its four tables of 256 KiB or more masked). On one host, where the sum runs
 through shared memory, the mask's extra collective and the index work cost more than the bytes save (the same case
 on 2 ranks, 43% looked up: 439k and 399k samples/s whole, 386k and 342k sparse, paired runs).
 
