@@ -70,7 +70,7 @@ from embshard.runtime.routing import POOLING_MODES, KernelSpec, Routing, build_r
 from embshard.runtime.state import TableShard, block_of
 from embshard.runtime.timing import PhaseTimer
 from embshard.runtime.wire import TORCH_DTYPES
-from embshard.specs import TableSpec, sparse_dp_allreduce, sparse_dp_table
+from embshard.specs import TableSpec, sparse_dp_allreduce
 from embshard.topology import DATA_PARALLEL_MODES
 
 
@@ -156,9 +156,7 @@ class _ShardedCollection(nn.Module):
             start += len(kernels)
             # replicas that look up this rank's samples alone (serving, or trained with an all-reduce)
             local = self.inference or mode == "allreduce"
-            sparse_group = sparse and any(sparse_dp_table(b.num_rows, b.num_cols, k.optimizer) for k in group.kernels
-                                          for b in k.blocks)
-            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded, sparse_group) \
+            dense = DenseReplicas(kernels, group.kernels, pooled, optimizer, pg, self.comms, sharded, sparse) \
                 if local and not self.inference else None
             self.replica_groups.append(_ReplicaGroup(local, InputDist(group, pg, self.device), kernels, dense))
         self.dense_replicas = next((g.dense for g in self.replica_groups if g.dense), None)

@@ -36,7 +36,6 @@ each table's state whole (`table_state`). Cheaper for small tables; priced by `e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -47,12 +46,13 @@ from torch.autograd import Variable
 from embshard.comms import CommsPrecision
 from embshard.runtime.input_dist import Received
 from embshard.runtime.lookup import FbgemmKernel
-from embshard.runtime.comm import all_gather, reduce_scatter
+from embshard.runtime.comm import all_gather
 from embshard.runtime.optim import OptimizerConfig, apply_update, new_state
+from embshard.runtime.replica_layout import Piece, Stack, Unit, row_pieces, slot_first_rows, stack_layout, update_plan, width_runs
 from embshard.runtime.routing import KernelSpec
 from embshard.runtime.row_union import Pending, RowUnion
 from embshard.runtime.wire import wire_all_reduce_pieces_, wire_reduce_scatter
-from embshard.specs import ZERO_GRADIENT_MOVES, dp_allreduce_floats_per_row, piece_rows
+from embshard.specs import ZERO_GRADIENT_MOVES, sparse_dp_table
 
 # The all-reduce runs in this many pieces at once, each stack's rows updated as soon as their piece lands: on gloo
 # its two worker threads carry two at once, and the update of the first overlaps the second (data_parallel small,
@@ -60,22 +60,6 @@ from embshard.specs import ZERO_GRADIENT_MOVES, dp_allreduce_floats_per_row, pie
 # go in fewer.
 ALLREDUCE_PIECES = 2
 PIECE_MIN_FLOATS = 1 << 18
-
-
-@dataclass(frozen=True)
-class _Stack:
-    """The blocks of one width of one kernel: their gradient rows stacked in the flat buffer."""
-
-    kernel: int
-    width: int
-    blocks: tuple[int, ...]  # block indices in the kernel, in stack order
-    block_rows: tuple[int, ...]
-    grad_start: int  # first element of its gradient [rows, width] in the flat buffer
-    count_start: int  # first element of its ids per row [rows], -1: not counted
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.block_rows)
 
 
 class DenseReplicas:
@@ -96,19 +80,22 @@ class DenseReplicas:
         # 544 with FBGEMM's gradient copied into them block by block, the copy then saved)
         self.dense_grad = [isinstance(k, FbgemmKernel) and k.has_dense_lookup and spec.optimizer not in ZERO_GRADIENT_MOVES
                            for k, spec in zip(self.kernels, self.specs)]
-        self.stacks, self.grad_numel, self.flat_numel = _layout(self.specs, self.dense_grad, counted=not sparse)
+        # across hosts (``sparse``), a mask of the rows looked up where a table is not small (else the old path whole)
+        sparse = sparse and any(sparse_dp_table(b.num_rows, b.num_cols, spec.optimizer) for spec in self.specs
+                                for b in spec.blocks)
+        self.stacks, self.grad_numel, self.flat_numel = stack_layout(self.specs, self.dense_grad, counted=not sparse)
         self._params: dict[int, tuple[list[Tensor], list[dict[str, Tensor]], list[int]]] = {}  # `_stack_params`
         # the all-reduce in pieces, all in flight at once, each stack's rows updated as their piece lands
-        self.cuts, self.units = _update_plan(self.stacks, self.grad_numel, self.flat_numel, ALLREDUCE_PIECES,
+        self.cuts, self.units = update_plan(self.stacks, self.grad_numel, self.flat_numel, ALLREDUCE_PIECES,
                                               PIECE_MIN_FLOATS)
         # per kernel of per-id gradients: each slot's first row in its width's stack
-        self.slot_base = [None if dense else torch.tensor(_slot_base(spec), dtype=torch.int64, device=self.placeholder.device)
+        self.slot_base = [None if dense else torch.tensor(slot_first_rows(spec), dtype=torch.int64, device=self.placeholder.device)
                           for spec, dense in zip(self.specs, self.dense_grad)]
         assert not (sparse and sharded), "a sharded update reduce-scatters every row"
         self.union = RowUnion(self.stacks, self.specs, pooled, self.placeholder.device) if sparse else None
         self.pending: Pending | None = None  # the last look-up's mask, until `start_mask`
         if sharded:
-            self.pieces = _pieces(self.stacks, self.specs, self.world)
+            self.pieces = row_pieces(self.stacks, self.specs, self.world)
             self.segment = sum(p.floats for p in self.pieces if p.rank == 0)
             # this rank's optimizer state: per piece it updates
             self.piece_state = {(p.stack, p.block): new_state(self.specs[self.stacks[p.stack].kernel].optimizer, p.num_rows,
@@ -186,7 +173,7 @@ class DenseReplicas:
 
     def _update_rows_looked_up(self, flat: Tensor, rows: Sequence[Tensor | None], steps: Sequence[int]) -> None:
         """The all-reduce of each stack's given rows (None: all) in a compact buffer, laid out as stacks of those
-        rows (`_Stack.grad_start` in it), then their optimizer steps as the pieces land."""
+        rows (`Stack.grad_start` in it), then their optimizer steps as the pieces land."""
         stacks, start = [], 0
         for st, r, block_ends in zip(self.stacks, rows, self.union.block_ends):
             if r is None:
@@ -194,8 +181,10 @@ class DenseReplicas:
             else:
                 ends = torch.searchsorted(r, block_ends).tolist()
                 block_rows = tuple(b - a for a, b in zip([0, *ends], ends))
-            stacks.append(_Stack(st.kernel, st.width, st.blocks, block_rows, start, -1))
+            stacks.append(Stack(st.kernel, st.width, st.blocks, block_rows, start, -1))
             start += sum(block_rows) * st.width
+        if start == 0:  # no rank looked anything up (every rank sees the same mask)
+            return
         compact = torch.empty(start, device=flat.device)
         for st, compact_st, r in zip(self.stacks, stacks, rows):
             out = self._grad(compact, compact_st)
@@ -203,14 +192,12 @@ class DenseReplicas:
                 out.copy_(self._grad(flat, st))
             else:
                 torch.index_select(self._grad(flat, st), 0, r, out=out)
-        if start == 0:  # no rank looked anything up (every rank sees the same mask)
-            return
-        cuts, units = _update_plan(stacks, start, start, ALLREDUCE_PIECES, PIECE_MIN_FLOATS)
+        cuts, units = update_plan(stacks, start, start, ALLREDUCE_PIECES, PIECE_MIN_FLOATS)
         waits = wire_all_reduce_pieces_(compact, cuts, self.pg, self.comms.dp_allreduce)
         Variable._execution_engine.queue_callback(lambda: self._apply_landed(compact, waits, steps, stacks, units, rows))
 
     def _apply_landed(self, flat: Tensor, waits: Sequence[Callable[[], None]], steps: Sequence[int],
-                      stacks: Sequence[_Stack] | None = None, units: Sequence["_Unit"] | None = None,
+                      stacks: Sequence[Stack] | None = None, units: Sequence[Unit] | None = None,
                       rows: Sequence[Tensor | None] | None = None) -> None:
         """Each stack's rows' optimizer step, as soon as the all-reduce pieces they read have landed (``stacks``,
         ``units`` and ``rows``: a compact buffer's, `_update_rows_looked_up`)."""
@@ -224,7 +211,7 @@ class DenseReplicas:
                 stack_rows = None if rows is None else rows[unit.stack]
                 self._update_rows(unit, flat, steps[stacks[unit.stack].kernel], stacks[unit.stack], stack_rows)
 
-    def _update_rows(self, unit: "_Unit", flat: Tensor, step: int, stack: _Stack, rows: Tensor | None) -> None:
+    def _update_rows(self, unit: Unit, flat: Tensor, step: int, stack: Stack, rows: Tensor | None) -> None:
         """The optimizer on rows [lo, hi) of one stack (laid out in ``flat`` as ``stack``; ``rows``: the stack rows
         they stand for, None: the stack's own rows), from the all-reduced sum (averaged here)."""
         lo, hi = unit.row_lo, unit.row_hi
@@ -285,7 +272,7 @@ class DenseReplicas:
         for k, (x, grad, graph) in enumerate(zip(inputs, grads, graphs)):
             if graph is not None:  # FBGEMM's dense backward: the kernel's flat weight gradient, its stacks' rows in order
                 dense = torch.autograd.grad(graph[0], graph[1], grad)[0].view(-1)
-                own = [next(stacks) for _ in _runs(self.specs[k])]
+                own = [next(stacks) for _ in width_runs(self.specs[k])]
                 assert all(st.kernel == k for st in own) and dense.numel() == sum(st.num_rows * st.width for st in own)
                 flat[own[0].grad_start:own[0].grad_start + dense.numel()].copy_(dense)
                 continue
@@ -328,7 +315,7 @@ class DenseReplicas:
                     weight = self._piece_weight(p)
                     weight.copy_(gathered[p.rank * C + p.start:p.rank * C + p.start + weight.numel()].view_as(weight))
 
-    def _piece_weight(self, p: "_Piece") -> Tensor:
+    def _piece_weight(self, p: Piece) -> Tensor:
         weights = self.kernels[self.stacks[p.stack].kernel].block_weights()
         block = weights[self.stacks[p.stack].blocks[p.block]]
         return block[p.row_start - p.block_row:p.row_start - p.block_row + p.num_rows]
@@ -380,87 +367,12 @@ class DenseReplicas:
                 apply_update(optimizer, w, s, rows, g.index_select(0, rows), self.config, self.learning_rate, step)
 
     @staticmethod
-    def _grad(flat: Tensor, stack: _Stack) -> Tensor:
+    def _grad(flat: Tensor, stack: Stack) -> Tensor:
         return flat[stack.grad_start:stack.grad_start + stack.num_rows * stack.width].view(stack.num_rows, stack.width)
 
     @staticmethod
-    def _count(flat: Tensor, stack: _Stack) -> Tensor:
+    def _count(flat: Tensor, stack: Stack) -> Tensor:
         return flat[stack.count_start:stack.count_start + stack.num_rows]
-
-
-@dataclass(frozen=True)
-class _Unit:
-    """Rows [row_lo, row_hi) of one stack, updated once pieces 0..piece of the all-reduce have landed."""
-
-    stack: int
-    row_lo: int
-    row_hi: int
-    piece: int
-
-
-def _update_plan(stacks: Sequence[_Stack], grad_numel: int, flat_numel: int, pieces: int,
-                 min_piece_floats: int) -> tuple[list[int], list[_Unit]]:
-    """Cuts of the flat buffer into ``pieces`` all-reduces of about equal gradient elements, each on a row of the
-    stack it falls in (fewer pieces where the buffer is under ``min_piece_floats`` a piece), and the update units:
-    each stack's rows between the cuts, with the last piece it needs (counted rows need the counts, at the end)."""
-    pieces = max(1, min(pieces, flat_numel // min_piece_floats))
-    cuts = []
-    for j in range(1, pieces):
-        target = j * grad_numel // pieces
-        stack = next(st for st in stacks if st.grad_start + st.num_rows * st.width > target)
-        cut = stack.grad_start + (target - stack.grad_start) // stack.width * stack.width
-        if (cuts[-1] if cuts else 0) < cut:
-            cuts.append(cut)
-    units = []
-    for k, st in enumerate(stacks):
-        inside = [(c - st.grad_start) // st.width for c in cuts if st.grad_start < c < st.grad_start + st.num_rows * st.width]
-        for lo, hi in zip([0, *inside], [*inside, st.num_rows]):
-            piece = len(cuts) if st.count_start >= 0 else sum(c <= st.grad_start + lo * st.width for c in cuts)
-            units.append(_Unit(k, lo, hi, piece))
-    return cuts, sorted(units, key=lambda u: u.piece)
-
-
-def _layout(specs: Sequence[KernelSpec], in_runs: Sequence[bool], counted: bool) -> tuple[list[_Stack], int, int]:
-    """Stacks in kernel order, gradients first and then (``counted``: without a mask of the rows looked up) the id
-    counts of `ZERO_GRADIENT_MOVES` optimizers' stacks; (stacks, gradient elements, all elements). A
-    kernel's stacks: one per width (widths ascending), or with ``in_runs`` its runs of blocks of one width in kernel
-    order (`_runs`: the kernel's flat weights, as FBGEMM's dense backward gives their gradient)."""
-    shapes = []
-    for k, (spec, runs) in enumerate(zip(specs, in_runs)):
-        groups = _runs(spec) if runs else [tuple(i for i, b in enumerate(spec.blocks) if b.num_cols == w)
-                                           for w in sorted({b.num_cols for b in spec.blocks})]
-        for blocks in groups:
-            w = spec.blocks[blocks[0]].num_cols
-            shapes.append((k, w, blocks, tuple(spec.blocks[i].num_rows for i in blocks),
-                           counted and spec.optimizer in ZERO_GRADIENT_MOVES))
-    stacks, start = [], 0
-    for k, w, blocks, rows, _ in shapes:
-        stacks.append([k, w, blocks, rows, start, -1])
-        start += sum(rows) * w
-    grad_numel = start
-    for stack, (_, _, _, rows, counted) in zip(stacks, shapes):
-        if counted:
-            stack[5] = start
-            start += sum(rows)
-    return [_Stack(*s) for s in stacks], grad_numel, start
-
-
-def _runs(spec: KernelSpec) -> list[tuple[int, ...]]:
-    """A kernel's blocks cut into runs of one width, in kernel order."""
-    runs: list[list[int]] = []
-    for i, b in enumerate(spec.blocks):
-        if runs and spec.blocks[runs[-1][-1]].num_cols == b.num_cols:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return [tuple(r) for r in runs]
-
-
-def _slot_base(spec: KernelSpec) -> list[int]:
-    """Each slot's block's first row in the kernel's stack of that block's width."""
-    widths = [b.num_cols for b in spec.blocks]
-    base = [sum(spec.blocks[c].num_rows for c in range(b) if widths[c] == w) for b, w in enumerate(widths)]
-    return [base[b] for b in spec.slot_block]
 
 
 def _stacked(parts: Sequence[Tensor]) -> Tensor | None:
@@ -474,39 +386,6 @@ def _stacked(parts: Sequence[Tensor]) -> Tensor | None:
     if len(parts) == 1:
         return first
     return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride(), first.storage_offset())
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """Rank ``rank``'s rows of one block (sharded update): where they are in the stack and in its segment."""
-
-    stack: int
-    block: int  # index in the stack's blocks
-    rank: int
-    block_row: int  # the block's first row in the stack
-    row_start: int  # the piece's first row in the stack
-    num_rows: int
-    start: int  # first float in the rank's segment
-    floats_end: int  # end of its gradient (and counts) in the segment
-
-    @property
-    def floats(self) -> int:
-        return self.floats_end - self.start
-
-
-def _pieces(stacks: Sequence[_Stack], specs: Sequence[KernelSpec], world: int) -> list[_Piece]:
-    """Every block cut in ``world`` row pieces (as torch.tensor_split), laid out per rank in stack and block order."""
-    out, used = [], [0] * world
-    for k, stack in enumerate(stacks):
-        per_row = dp_allreduce_floats_per_row(specs[stack.kernel].optimizer, stack.width)
-        block_row = 0
-        for b, rows in enumerate(stack.block_rows):
-            for r, n in enumerate(piece_rows(rows, world)):
-                first = block_row + r * (rows // world) + min(r, rows % world)
-                out.append(_Piece(k, b, r, block_row, first, n, used[r], used[r] + n * per_row))
-                used[r] += n * per_row
-            block_row += rows
-    return out
 
 
 class _LocalLookup(torch.autograd.Function):

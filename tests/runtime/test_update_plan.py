@@ -1,9 +1,9 @@
-"""The data-parallel all-reduce in pieces (dense_replicas._update_plan): cuts on rows, every row updated once,
+"""The data-parallel all-reduce in pieces (replica_layout.update_plan): cuts on rows, every row updated once,
 after the pieces it reads."""
 
 from __future__ import annotations
 
-from embshard.runtime.dense_replicas import _Stack, _update_plan
+from embshard.runtime.replica_layout import Stack as _Stack, update_plan as _update_plan
 
 
 def stacks_of(shapes: list[tuple[int, int, bool]]) -> tuple[list[_Stack], int, int]:
