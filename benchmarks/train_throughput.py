@@ -12,7 +12,7 @@ implementation as embshard's trainer builds it). TorchRec:
 `torchrec.models.dlrm.DLRM` (or DLRM_DCN) with fused EXACT_ROWWISE_ADAGRAD, data-parallel
 tables under DDP with torchrec's RowWiseAdagrad, the same fused Adagrad for the MLPs. A step is forward, BCE
 loss, backward (fused table updates) and the dense optimizer step. Each case runs ROUNDS
-rounds of ITERS steps of each configuration below, taking turns in a new seeded order each round (a
+rounds of ITERS steps (at batch 2048; proportionally more at batch 512, `steps_per_round`) of each configuration below, taking turns in a new seeded order each round (a
 rotation of one order would keep each configuration's predecessor the same); the median round of each
 counts. (The best round favoured whichever side had more configurations: the faster of TorchRec's two
 took the best of 10 rounds against embshard's 5, and on 2 cores a lucky round runs 15-25% under the
@@ -31,7 +31,7 @@ forward and backward; it runs on CPU). Ratios are each embshard step against the
 ``--hosts H --ranks-per-host L --link-gbit G`` (plans_measured.py's multi-host flags): the same cases on H
 emulated hosts x L ranks (embshard/emulated_hosts.py, needs root), the plan made for H x L ranks on H hosts,
 each host's link shaped to G Gbit/s each way (tbf; a delay where the kernel has netem). Three repeats of
-4 rounds of 8 steps (the H x L ranks share this machine's cores; ~8 min on 2 cores; one repeat moved DLRM-v2's
+4 rounds of 8 steps, 32 at batch 512 (the H x L ranks share this machine's cores; ~8 min on 2 cores; one repeat moved DLRM-v2's
 ratios by 0.05-0.2 between runs), with the rounds' spread; the results go into their own section of the results
 file (``<!-- hosts:start -->``, which a one-host run keeps), their JSON next to it as train_hosts.json.
 ``--quick``: one case, tiny batch, one round of two steps: a check that it runs, printed only.
@@ -77,6 +77,15 @@ CASES = [("DLRM dot, batch 512", "dot", 512, (64, 16), (256, 128, 1), True),
          ("DLRM dot, batch 2048, no DP tables", "dot", 2048, (64, 16), (256, 128, 1), False),
          ("DLRM-v2 DCN, batch 2048", "dcn", 2048, (64, 16), (256, 128, 1), True)]
 DCN_LAYERS, DCN_RANK = 3, 64
+# A round of a case with a smaller batch runs proportionally more steps (the same samples as ``iters`` steps at this
+# batch): DLRM batch 512's steps on emulated hosts take ~60 ms, and rounds of 8 (0.5 s) spread 20,000-50,000 samples/s.
+ROUND_BATCH = 2048
+
+
+def steps_per_round(iters: int, case_batch: int, batch_option: int) -> int:
+    """``iters`` for a case of ``ROUND_BATCH`` or more; x ROUND_BATCH // batch for a smaller one (its own batch:
+    ``--batch`` runs ``iters`` steps as given)."""
+    return iters if batch_option else iters * max(1, ROUND_BATCH // case_batch)
 
 
 def specs_and_plan(batch: int, data_parallel: bool, world_size: int, local_world_size: int, profile: str):
@@ -236,6 +245,7 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
 
     torch.manual_seed(0)
     world = dist.get_world_size(pg)
+    iters = steps_per_round(options.iters, batch, options.batch)
     batch = options.batch or batch
     specs, plan = shared_plan(pg, local_world_size, batch, data_parallel, world, local_world_size, options.profile)
     batches = make_batches(specs, dist.get_rank(pg), world, batch)
@@ -244,7 +254,7 @@ def run_case(name: str, interaction: str, batch: int, bottom, top, data_parallel
     steps = dict(zip(CONFIGS, (ours, ours_pipelined, theirs, theirs_pipelined)))
     runs: dict[str, list[tuple[float, float]]] = {c: [] for c in CONFIGS}
     for config in turns(CONFIGS, options.rounds):
-        runs[config].append(measure(steps[config], pg, options.iters, options.warmup))
+        runs[config].append(measure(steps[config], pg, iters, options.warmup))
     pipeline.close()
     samples = batch * world
     return {"case": name, "batch_per_rank": batch, "plan": sharding_type_counts(plan), "load_average": os.getloadavg()[0],
@@ -280,6 +290,10 @@ def markdown(results: list[dict], meta: dict) -> str:
                  + (" (QUICK: one case, tiny batch, two steps: a check that it runs, not a measurement)" if meta["quick"] else ""))
     else:
         where, title = f"{world} gloo ranks (1 thread each)", TITLE + (" (QUICK: a check that it runs, not a measurement)" if meta["quick"] else "")
+    smaller = sorted({b for _, _, b, *_ in CASES if b < ROUND_BATCH})
+    round_note = "" if meta["batch"] or not smaller else (
+        f" at batch {ROUND_BATCH} or more, " + ", ".join(f"{steps_per_round(meta['iters'], b, 0)} at batch {b}" for b in smaller)
+        + " (the same samples per round)")
     lines = [
         title,
         "",
@@ -294,7 +308,7 @@ def markdown(results: list[dict], meta: dict) -> str:
         "Each runtime runs two ways: embshard plain and pipelined (`pipeline: true`: the next batch's input dist on a "
         "side thread), TorchRec's DMP step and its `TrainPipelineSparseDist` (runs on CPU: no CUDA streams, the "
         "input dist of the next batch is issued before this one's forward). "
-        f"Each case ran {repeats} times; each time, the median of {meta['rounds']} rounds of {meta['iters']} steps (after "
+        f"Each case ran {repeats} times; each time, the median of {meta['rounds']} rounds of {meta['iters']} steps{round_note} (after "
         f"{meta['warmup']} warmup steps each), the four configurations taking turns in a new seeded order each round. Samples/s count all ranks (median over "
         "the repeats); samples per CPU-second divide by all ranks' process CPU time. Ratios are embshard / the faster TorchRec "
         "configuration (by wall clock, resp. by CPU time) of the same repeat: median [min, max] over the repeats. "
@@ -379,7 +393,7 @@ def main() -> None:
                             delay_ms=hosts.delay_ms, env={"PYTHONPATH": str(ROOT), **malloc_env(args.malloc)})
     except EmulationUnavailable as e:
         parser.exit(2, f"{parser.prog}: error: no emulated hosts here (--hosts needs root, ip and tc): {e}\n")
-    meta = {"hosts": hosts, "shaping": shaping, "warmup": run["warmup"], "iters": run["iters"], "rounds": run["rounds"],
+    meta = {"hosts": hosts, "shaping": shaping, "warmup": run["warmup"], "iters": run["iters"], "rounds": run["rounds"], "batch": run["batch"],
             "profile": args.profile, "quick": args.quick, "malloc": args.malloc, "commit": commit, "load": (load_before, load_average()),
             "command": " ".join([COMMAND if not hosts.emulated else f"sudo {COMMAND}", *sys.argv[1:]])}
     text = markdown(json.loads(json_path.read_text()), meta)

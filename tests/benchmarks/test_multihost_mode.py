@@ -158,8 +158,12 @@ def test_train_report_on_emulated_hosts_has_the_links_and_the_rounds_spread(trai
               **{f"{c}_samples_per_s": max(x) for c, x in rates.items()}, **{f"{c}_samples_per_cpu_s": max(x) for c, x in rates.items()},
               **{f"{c}_rounds_samples_per_s": x for c, x in rates.items()}}
     meta = {"hosts": train.Hosts(2, 2, 1.0, 0.1), "shaping": SHAPING, "warmup": 2, "iters": 6, "rounds": 3, "profile": "none",
-            "quick": True, "malloc": "default", "command": "sudo cmd", "commit": "abc1234 (uncommitted changes)", "load": ("0.50 0.40 0.30", "2.00 1.00 0.50")}
+            "quick": True, "malloc": "default", "command": "sudo cmd", "commit": "abc1234 (uncommitted changes)", "load": ("0.50 0.40 0.30", "2.00 1.00 0.50"),
+            "batch": 128}
     text = train.markdown([result], meta)
+    own_batches = train.markdown([result], {**meta, "batch": 0, "quick": False})
+    assert ("the median of 3 rounds of 6 steps at batch 2048 or more, 24 at batch 512 (the same samples per round) "
+            "(after 2 warmup steps each)") in own_batches
     assert "Commit: abc1234 (uncommitted changes). Load average (1, 5, 15 min) before / after the run: 0.50 0.40 0.30 / 2.00 1.00 0.50." in text
     assert text.startswith("## On 2 emulated hosts x 2 ranks, 1 Gbit/s inter-host links (QUICK")
     assert "FBGEMM CPU 1.8.0, glibc malloc at its default settings." in text
@@ -198,3 +202,11 @@ def test_across_hosts_the_runtime_cases_run_flat_where_the_cost_model_prices_the
     assert runtime.case_plan(*cases["pooled table_wise"], 4, 2, "cpu_gloo_measured", 512).topology.reduce_in_host
     one_host = {name: (specs, layout) for name, specs, layout in runtime.cases(2, 2)}["pooled row_wise"]
     assert runtime.case_plan(*one_host, 2, 2, "cpu_gloo_measured", 2048).topology.reduce_in_host
+
+
+def test_a_smaller_batch_runs_more_steps_per_round_with_the_same_samples(train):
+    assert train.steps_per_round(8, 2048, 0) == 8
+    assert train.steps_per_round(8, 512, 0) == 32  # DLRM batch 512: 4x the steps, the same samples as batch 2048's 8
+    assert train.steps_per_round(8, 4096, 0) == 8  # a larger batch: as given
+    assert train.steps_per_round(2, 512, 128) == 2  # --batch: every case runs the steps as given
+    assert {b for _, _, b, *_ in train.CASES} == {512, 2048}  # what the results' sentence names
