@@ -386,7 +386,7 @@ def markdown(results: list[dict], meta: dict) -> str:
     if not hosts.emulated:
         lines += ["",
                   "Where the time goes. Fused pooled cases run the same FBGEMM kernel in both runtimes, and its CPU "
-                  "backward (with the rowwise_adagrad update) is most of the step; embshard's edge there is the "
+                  "backward (with the rowwise_adagrad update) is the largest phase (the backward column); embshard's edge there is the "
                   "rest: one header (a 2-element all-reduce where every rank's batch size is the same) + two all-to-alls in (two more for data-parallel features), one out, no per-feature Python on the hot path. "
                   "Sequence tables: embshard looks them up with FBGEMM's summing kernel over one-id bags, whose CPU "
                   "backward is about 10x faster than the PoolingMode.NONE kernel TorchRec uses. Data-parallel: "
